@@ -1,0 +1,269 @@
+"""Configuration of `RGPOTrainer`: TRL's `GRPOConfig` plus the RGPO gate and adaptive KL-to-old controller.
+
+RGPO (paper Sec. 4 and Eq. rgpo_rlhf) replaces GRPO's clipped surrogate with a smooth acceptance gate
+g(r) on the importance ratio, a differentiable KL penalty to the behaviour policy pi_old whose coefficient
+adapts once per iteration, and, for RLHF, a fixed KL penalty to the frozen reference model. Everything
+else (generation, rewards, group advantages, vLLM, PEFT, logging) is GRPO's, so the config subclasses
+`GRPOConfig` the way TRL's own `trl/experimental/gmpo` does and only adds the RGPO knobs. Two inherited
+defaults change meaning or value: ``beta`` is the fixed KL-to-reference coefficient beta_ref (paper: 0.05,
+needed for the ``ref`` / ``dual`` ratio modes) and ``num_iterations`` defaults to 2, so that each generation
+batch is reused and the ratio to pi_old is not identically 1.
+
+GRPOConfig options that the RGPO loss does not honour (another ``loss_type``, two-sided ``delta`` clipping,
+the entropy bonus / mask, the off-policy mask, bias-corrected KL, vLLM importance-sampling correction) are
+refused at construction with a ``ValueError`` that names the field, rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import GRPOConfig
+
+from .gates import GATES, Gate, make_gate
+from .objective import RATIO_MODES
+
+# Which RGPOConfig field holds the parameter of each gate (the others are ignored for that gate).
+GATE_PARAM_FIELDS: dict[str, dict[str, str]] = {
+    "sigmoid": {"k": "gate_k"},
+    "clipped_linear": {"c": "gate_c"},
+    "temperature": {"temperature": "gate_temperature"},
+    "is": {},
+    "ppo_clip": {"eps": "gate_eps"},
+}
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass
+class RGPOConfig(GRPOConfig):
+    r"""
+    Configuration class for [`RGPOTrainer`] (Rejection-Gated Policy Optimization).
+
+    Inherits every parameter of `trl.GRPOConfig`. The RGPO loss, per completion token, is
+
+        -g(r) A + kl_coef * (r_old - 1 - log r_old) + beta * KL_ref(k3)
+
+    with r = r_old = pi/pi_old (``ratio_mode="old"``), r_ref = pi/pi_ref (``"ref"``) or max(r_old, r_ref)
+    (``"dual"``, the paper's RLHF default), summed over the completion tokens of the whole accumulated batch
+    across processes and divided by their number (TRL's ``"dapo"`` normalisation, the only ``loss_type``
+    accepted).
+
+    Parameters (new or with a new default):
+        gate (`str`, defaults to `"sigmoid"`): acceptance gate g, one of `sigmoid`, `clipped_linear`,
+            `temperature`, and the reference correspondences `is` (importance sampling) and `ppo_clip`.
+        gate_k (`float`, defaults to `5.0`): sigmoid sharpness k, g(r) = sigmoid(k (r - 1)).
+        gate_c (`float`, defaults to `2.0`): cap c of the clipped-linear gate, g(r) = clip(r, 0, c).
+        gate_temperature (`float`, defaults to `1.0`): exponent b of the temperature gate, sigmoid(b log r).
+        gate_eps (`float`, defaults to `0.2`): eps of the `ppo_clip` gate, clip(r, 1 - eps, 1 + eps).
+        ratio_mode (`str`, defaults to `"dual"`): which ratio is gated: `old`, `ref` or `dual`.
+        kl_coef (`float`, defaults to `0.5`): initial KL-to-old coefficient (beta_0 of the paper).
+        kl_target (`float`, defaults to `0.02`): target KL-to-old per iteration (Delta of the paper).
+        kl_coef_min (`float`, defaults to `0.01`), kl_coef_max (`float`, defaults to `5.0`): bounds.
+        adaptive_kl (`bool`, defaults to `True`): adapt the KL-to-old coefficient once per iteration.
+        beta (`float`, defaults to `0.05`): fixed KL-to-reference coefficient beta_ref.
+        num_iterations (`int`, defaults to `2`): optimisation passes over each generation batch.
+        loss_type (`str`, defaults to `"dapo"`): loss aggregation; only `"dapo"` is supported.
+    """
+
+    # ---- gate ----
+    gate: str = field(
+        default="sigmoid",
+        metadata={
+            "help": "Acceptance gate g(r) applied to the importance ratio (paper Sec. 4.4). One of 'sigmoid' "
+            "(paper default), 'clipped_linear', 'temperature', and the reference correspondences 'is' "
+            "(g(r) = r, TRPO/importance sampling) and 'ppo_clip' (g(r) = clip(r, 1-eps, 1+eps)).",
+            "choices": sorted(GATES),
+        },
+    )
+    gate_k: float = field(
+        default=5.0,
+        metadata={
+            "help": "Sharpness k of the 'sigmoid' gate g(r) = sigmoid(k (r - 1)). Paper: 5. Must be > 0."
+        },
+    )
+    gate_c: float = field(
+        default=2.0,
+        metadata={"help": "Cap c of the 'clipped_linear' gate g(r) = clip(r, 0, c). Must be > 0."},
+    )
+    gate_temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "Exponent b of the 'temperature' gate g(r) = r^b / (1 + r^b) = sigmoid(b log r). Must be > 0."
+        },
+    )
+    gate_eps: float = field(
+        default=0.2,
+        metadata={
+            "help": "eps of the 'ppo_clip' reference gate g(r) = clip(r, 1-eps, 1+eps). Must be in (0, 1). "
+            "(GRPO's own `epsilon` / `epsilon_high` are not used by the RGPO loss.)"
+        },
+    )
+    ratio_mode: str = field(
+        default="dual",
+        metadata={
+            "help": "Which importance ratio the gate sees: 'old' = pi/pi_old (trust region to the behaviour "
+            "policy), 'ref' = pi/pi_ref (anchor to the frozen reference), 'dual' (paper's RLHF default) = "
+            "max(pi/pi_old, pi/pi_ref) per token. 'ref' and 'dual' need the reference model, i.e. `beta` > 0.",
+            "choices": list(RATIO_MODES),
+        },
+    )
+    # ---- adaptive KL to pi_old ----
+    kl_coef: float = field(
+        default=0.5,
+        metadata={
+            "help": "Initial coefficient of the KL-to-old penalty kl_coef * mean(r_old - 1 - log r_old) (paper: "
+            "beta_0 = 0.5). Must lie in [kl_coef_min, kl_coef_max]."
+        },
+    )
+    kl_target: float = field(
+        default=0.02,
+        metadata={
+            "help": "Target KL-to-old Delta of the adaptive rule (paper Eq. beta_update, default 0.02): once per "
+            "iteration (one generation batch and all its `num_iterations` reuses), from the token-weighted mean "
+            "of r_old - 1 - log r_old over the iteration and all processes, the coefficient doubles if that mean "
+            ">= 1.5 * kl_target and halves if it is <= kl_target / 1.5, within [kl_coef_min, kl_coef_max]."
+        },
+    )
+    kl_coef_min: float = field(
+        default=0.01, metadata={"help": "Lower bound of the adaptive KL-to-old coefficient (paper: 0.01)."}
+    )
+    kl_coef_max: float = field(
+        default=5.0, metadata={"help": "Upper bound of the adaptive KL-to-old coefficient (paper: 5)."}
+    )
+    adaptive_kl: bool = field(
+        default=True,
+        metadata={
+            "help": "Adapt the KL-to-old coefficient once per iteration (paper). If False it stays at `kl_coef`."
+        },
+    )
+    # ---- inherited fields with RGPO defaults / meaning ----
+    beta: float = field(
+        default=0.05,
+        metadata={
+            "help": "Fixed coefficient beta_ref of the KL-to-reference penalty (TRL's k3 estimator, as in GRPO). "
+            "Paper (RLHF): 0.05. When > 0, GRPOTrainer loads the reference model (or disables the LoRA adapter "
+            "for PEFT models), which the 'ref' and 'dual' ratio modes need; 0 is only allowed with "
+            "ratio_mode='old'."
+        },
+    )
+    num_iterations: int = field(
+        default=2,
+        metadata={
+            "help": "Number of optimisation passes over each generation batch (mu). RGPO defaults to 2: with 1 "
+            "(and steps_per_generation == gradient_accumulation_steps) every update is on-policy, pi_old == pi, "
+            "r_old == 1 and the gate and KL-to-old penalty are inert."
+        },
+    )
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={
+            "help": "Must be False (GRPOConfig defaults to True): the RGPO KL-to-reference term is the plain k3 "
+            "estimator of paper Eq. rgpo_rlhf (GRPO's `beta` term without the importance-ratio factor)."
+        },
+    )
+    loss_type: str = field(
+        default="dapo",
+        metadata={
+            "help": "Aggregation of the per-token RGPO loss. Only 'dapo' is supported: the sum over the "
+            "completion tokens of the whole accumulated batch on all processes, divided by their number "
+            "(`num_items_in_batch`). This is the paper's mean over the mini-batch (one optimiser step), "
+            "has no per-sequence length bias, and makes gradient accumulation exact (2 x batch b gives the "
+            "same update as 1 x batch 2b), which GRPO's per-sequence mean ('grpo') and the local 'bnpo' do not."
+        },
+    )
+
+    def __post_init__(self):
+        self._validate_rgpo()
+        super().__post_init__()
+
+    def _validate_rgpo(self) -> None:
+        if self.gate not in GATES:
+            raise ValueError(f"gate must be one of {sorted(GATES)}, got {self.gate!r}")
+        for name in ("gate_k", "gate_c", "gate_temperature", "gate_eps"):
+            _check_positive(name, getattr(self, name))
+        if not self.gate_eps < 1:
+            raise ValueError(f"gate_eps must be in (0, 1), got {self.gate_eps!r}")
+        if self.ratio_mode not in RATIO_MODES:
+            raise ValueError(f"ratio_mode must be one of {list(RATIO_MODES)}, got {self.ratio_mode!r}")
+        for name in ("kl_coef", "kl_target", "kl_coef_min", "kl_coef_max"):
+            _check_positive(name, getattr(self, name))
+        if self.kl_coef_min > self.kl_coef_max:
+            raise ValueError(f"kl_coef_min ({self.kl_coef_min}) must be <= kl_coef_max ({self.kl_coef_max})")
+        if not self.kl_coef_min <= self.kl_coef <= self.kl_coef_max:
+            raise ValueError(
+                f"kl_coef ({self.kl_coef}) must lie in [kl_coef_min, kl_coef_max] = "
+                f"[{self.kl_coef_min}, {self.kl_coef_max}]"
+            )
+        if (
+            isinstance(self.beta, bool)
+            or not isinstance(self.beta, (int, float))
+            or not math.isfinite(self.beta)
+            or self.beta < 0
+        ):
+            raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
+        if self.ratio_mode in ("ref", "dual") and self.beta == 0:
+            raise ValueError(
+                f"beta must be > 0 with ratio_mode={self.ratio_mode!r}: GRPOTrainer only builds the reference "
+                "model (and its log-probs) when beta != 0. Set beta > 0 (paper: 0.05) or ratio_mode='old'."
+            )
+        if (
+            isinstance(self.num_iterations, bool)
+            or not isinstance(self.num_iterations, int)
+            or self.num_iterations < 1
+        ):
+            raise ValueError(f"num_iterations must be an integer >= 1, got {self.num_iterations!r}")
+        if self.loss_type != "dapo":
+            raise ValueError(
+                f"loss_type={self.loss_type!r} is not supported by RGPO: the RGPO loss is aggregated over the "
+                "completion tokens of the whole accumulated batch (TRL's 'dapo' normalisation). Use loss_type='dapo'."
+            )
+        if self.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(
+                "importance_sampling_level must be 'token' or 'sequence', got "
+                f"{self.importance_sampling_level!r}"
+            )
+        # GRPO options that the RGPO loss does not implement: refuse instead of silently ignoring them.
+        unsupported = {
+            "delta": (
+                self.delta is not None,
+                "two-sided clipping is a PPO/GRPO mechanism; RGPO gates instead",
+            ),
+            "use_bias_correction_kl": (
+                self.use_bias_correction_kl,
+                "the RGPO KL-to-reference term is plain k3",
+            ),
+            "off_policy_mask_threshold": (
+                self.off_policy_mask_threshold is not None,
+                "not implemented in RGPO",
+            ),
+            "top_entropy_quantile": (self.top_entropy_quantile != 1.0, "the entropy mask is not implemented"),
+            "entropy_coef": (self.entropy_coef != 0.0, "the entropy bonus is not implemented in RGPO"),
+            "use_adaptive_entropy": (
+                self.use_adaptive_entropy,
+                "the entropy bonus is not implemented in RGPO",
+            ),
+            "vllm_importance_sampling_correction": (
+                self.use_vllm and self.vllm_importance_sampling_correction,
+                "the vLLM sampler importance-sampling correction is not implemented in the RGPO loss; set it "
+                "to False (r_old is still computed against the training model's log-probs)",
+            ),
+        }
+        for name, (bad, why) in unsupported.items():
+            if bad:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported by RGPOTrainer: {why}.")
+
+    def make_gate(self) -> Gate:
+        """The `Gate` described by ``gate`` and its parameter field."""
+        params = {param: getattr(self, fld) for param, fld in GATE_PARAM_FIELDS[self.gate].items()}
+        return make_gate(self.gate, **params)

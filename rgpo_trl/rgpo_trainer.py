@@ -1,0 +1,305 @@
+"""`RGPOTrainer`: the RGPO loss inside TRL's `GRPOTrainer`.
+
+GRPOTrainer already does everything RGPO needs around the loss: it samples a group of completions per
+prompt, turns rewards into group-relative advantages, scores the completions under the behaviour policy
+(``old_per_token_logps``, whenever a generation batch is reused) and under the frozen reference model
+(``ref_per_token_logps``, whenever ``beta != 0``; for PEFT models the reference is the base model with the
+adapter disabled), and reuses each generation batch ``num_iterations`` times. So, like TRL's own
+``trl/experimental/gmpo``, this trainer overrides ``_compute_loss`` and little else: the per-token loss is
+`rgpo_trl.rgpo_loss` (the same torch-only code the MuJoCo scripts validate, no second copy of the math)
+with the gate, the ratio mode (``old`` / ``ref`` / ``dual`` = max(r_old, r_ref)), the adaptive KL-to-old
+coefficient and the fixed KL-to-reference coefficient ``beta``. It adds no forward pass to what GRPO makes
+with ``beta > 0`` and ``num_iterations > 1``.
+
+The other additions are the adaptive KL-to-old controller (paper Eq. beta_update) and its bookkeeping. One
+RGPO *iteration* is one generation batch and all its reuse (``num_iterations * steps_per_generation``
+micro-batches). Every training micro-batch adds the globally reduced (all processes) sum of
+r_old - 1 - log r_old over its completion tokens and their count; after the iteration's last micro-batch the
+controller is updated once from the token-weighted mean, so all ranks hold the same coefficient. The
+controller state is written to ``rgpo_kl_controller.json`` in every checkpoint and restored on
+``resume_from_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import warnings
+
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOTrainer
+from trl.trainer.utils import get_config_model_id
+
+from .kl_control import AdaptiveKLController
+from .objective import rgpo_loss
+from .rgpo_config import RGPOConfig
+
+KL_CONTROLLER_FILE = "rgpo_kl_controller.json"
+
+# Diagnostics of `rgpo_loss` that are token means (reduced across processes as sum / count) and maxima.
+_MEAN_KEYS = ("gate_mean", "weight_mean", "rejected_frac", "kl_old", "ratio_old_mean")
+_REF_MEAN_KEYS = ("kl_ref", "ratio_ref_mean")
+_MAX_KEYS = ("ratio_old_max",)
+_REF_MAX_KEYS = ("ratio_ref_max",)
+
+
+def _sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked mean over the completion tokens of each sequence, broadcast back to ``(B, T)``."""
+    seq = (x * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return seq.expand_as(x)
+
+
+class RGPOTrainer(GRPOTrainer):
+    """Trainer for Rejection-Gated Policy Optimization (RGPO) on language models.
+
+    Same constructor as `trl.GRPOTrainer`; ``args`` must be an `RGPOConfig`. The loss per completion token is
+
+        -g(r) A + kl_coef * (r_old - 1 - log r_old) + beta * KL_ref(k3)
+
+    aggregated over the completion tokens of the accumulated batch on all processes (TRL's ``dapo``
+    normalisation). With ``importance_sampling_level="sequence"`` the gate sees the per-sequence ratio
+    exp(mean_t log r_t) (as in GSPO) while both KL penalties stay per token.
+
+    Extra metrics (``rgpo/...``, next to TRL's ``kl`` and ``entropy``): ``gate_mean``, ``rejected_frac``
+    (share of tokens with g < 0.1), ``weight_mean`` (w = g'(r) r), ``ess``, ``kl_old`` (KLhat_old),
+    ``kl_coef`` (the KL-to-old coefficient), ``ratio_old_mean/max``, ``ratio_ref_mean/max``, in dual mode
+    ``ref_ratio_larger_frac``, and once per iteration ``kl_old_iteration`` (the controller's input).
+    """
+
+    _tag_names = ["trl", "rgpo"]
+    _name = "RGPO"
+    _paper = {
+        "title": "Beyond Importance Sampling: Rejection-Gated Policy Optimization",
+        "id": None,
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @inproceedings{sun2025rgpo,
+                title        = {{Beyond Importance Sampling: Rejection-Gated Policy Optimization}},
+                author       = {Ziwu Sun and Zhen Gao and Jiyong Zhang and Jiaheng Li},
+                year         = 2025,
+            }"""),
+    }
+
+    def __init__(self, model, reward_funcs=None, args: RGPOConfig | None = None, **kwargs):
+        if args is None:
+            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = RGPOConfig(f"{model_name.split('/')[-1]}-RGPO")
+        elif not isinstance(args, RGPOConfig):
+            raise TypeError(
+                f"RGPOTrainer needs an RGPOConfig (got {type(args).__name__}): the RGPO gate, ratio mode and "
+                "KL controller settings live there."
+            )
+        super().__init__(model, reward_funcs, args=args, **kwargs)
+        self.gate = args.make_gate()
+        self.ratio_mode = args.ratio_mode
+        self.kl_ctl = AdaptiveKLController(
+            init=args.kl_coef, target=args.kl_target, min=args.kl_coef_min, max=args.kl_coef_max
+        )
+        self.iteration_length = args.steps_per_generation * self.num_iterations  # micro-batches per iteration
+        self._reset_iteration_stats()
+        if self.args.gradient_accumulation_steps % self.iteration_length == 0 and not (
+            self.use_vllm and self.vllm_importance_sampling_correction
+        ):
+            warnings.warn(
+                "With these settings GRPOTrainer never reuses a generation batch before an optimizer step "
+                f"(num_iterations={self.num_iterations}, steps_per_generation={args.steps_per_generation}, "
+                f"gradient_accumulation_steps={args.gradient_accumulation_steps}), so it does not compute "
+                "old_per_token_logps: r_old == 1, KLhat_old == 0 and the KL-to-old coefficient only decays. "
+                "Set num_iterations >= 2 for a non-trivial trust region.",
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------ KL controller
+    @property
+    def kl_coef(self) -> float:
+        """The current KL-to-old coefficient."""
+        return self.kl_ctl.value
+
+    def _reset_iteration_stats(self) -> None:
+        self._iter_kl_sum = 0.0  # global sum over the iteration's completion tokens of r_old - 1 - log r_old
+        self._iter_kl_count = 0.0  # global number of those tokens
+
+    def _end_iteration(self) -> None:
+        """Update the KL-to-old coefficient from the iteration's mean KLhat_old (identical on all ranks)."""
+        if self._iter_kl_count > 0:
+            mean_kl = self._iter_kl_sum / self._iter_kl_count
+            if self.args.adaptive_kl:
+                self.kl_ctl.update(mean_kl)
+            self._metrics["train"]["rgpo/kl_old_iteration"].append(mean_kl)
+        self._reset_iteration_stats()
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        output = super().training_step(model, inputs, num_items_in_batch)  # increments self._step
+        if self._step % self.iteration_length == 0:  # that was the iteration's last micro-batch
+            self._end_iteration()
+        return output
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            output_dir = os.path.join(self._get_output_dir(trial=trial), checkpoint_folder)
+            with open(os.path.join(output_dir, KL_CONTROLLER_FILE), "w") as f:
+                json.dump(self.kl_ctl.state_dict(), f, indent=2)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, KL_CONTROLLER_FILE)
+        if os.path.exists(path):
+            with open(path) as f:
+                self.kl_ctl.load_state_dict(json.load(f))
+        else:
+            warnings.warn(
+                f"{path} not found: the KL-to-old coefficient restarts at kl_coef={self.args.kl_coef}.",
+                stacklevel=2,
+            )
+        # GRPOTrainer regenerates after a resume (its buffer is empty and its micro-batch counter restarts),
+        # so a new iteration starts too.
+        self._reset_iteration_stats()
+
+    # ------------------------------------------------------------------ loss
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)  # logits for the completion tokens only
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            pixel_values=inputs.get("pixel_values"),
+            image_grid_thw=inputs.get("image_grid_thw"),
+            num_images=inputs.get("num_images"),
+            pixel_attention_mask=inputs.get("pixel_attention_mask"),
+            spatial_shapes=inputs.get("spatial_shapes"),
+            num_tiles=inputs.get("num_tiles"),
+            image_sizes=inputs.get("image_sizes"),
+            token_type_ids=inputs.get("token_type_ids"),
+            mm_token_type_ids=inputs.get("mm_token_type_ids"),
+            image_position_ids=inputs.get("image_position_ids"),
+        )
+        mask = mask.to(per_token_logps.dtype)
+
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        # None when GRPOTrainer does not reuse the batch: on-policy, r_old == 1 (rgpo_loss handles None).
+        old_logps = inputs.get("old_per_token_logps")
+        ref_logps = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
+
+        mode = "train" if self.model.training else "eval"
+        # TRL's "dapo" normaliser: `num_items_in_batch` counts the completion tokens of the whole generation
+        # batch on all processes; rescaled to one optimizer step (accumulation window) and divided by the
+        # number of processes because DDP averages gradients. Summed over micro-batches and processes, the
+        # gradient is that of (sum over the step's tokens) / (number of the step's tokens).
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":
+            normalizer = (
+                normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            )
+
+        common = {
+            "ref_logps": ref_logps,
+            "ratio_mode": self.ratio_mode,
+            "mask": mask,
+            "normalizer": normalizer,
+        }
+        if self.importance_sampling_level == "token":
+            loss, diag = rgpo_loss(
+                per_token_logps,
+                old_logps,
+                advantages,
+                self.gate,
+                kl_coef=self.kl_ctl.value,
+                ref_kl_coef=self.beta,
+                **common,
+            )
+        elif self.importance_sampling_level == "sequence":
+            # Gate on the sequence-level ratios exp(mean_t log r_t) (GSPO's definition); both KL penalties stay
+            # per token. Two calls to the library loss: the gated advantage term on per-sequence log-prob means
+            # (broadcast over the tokens), and the KL terms on the per-token log-probs with zero advantages.
+            seq_loss, seq_diag = rgpo_loss(
+                _sequence_mean(per_token_logps, mask),
+                None if old_logps is None else _sequence_mean(old_logps, mask),
+                advantages,
+                self.gate,
+                kl_coef=0.0,
+                ref_kl_coef=0.0,
+                **{**common, "ref_logps": None if ref_logps is None else _sequence_mean(ref_logps, mask)},
+            )
+            kl_loss, diag = rgpo_loss(
+                per_token_logps,
+                old_logps,
+                torch.zeros_like(advantages),
+                self.gate,
+                kl_coef=self.kl_ctl.value,
+                ref_kl_coef=self.beta,
+                **common,
+            )
+            loss = seq_loss + kl_loss
+            for key in ("gate_mean", "weight_mean", "ess", "rejected_frac", "ref_ratio_larger_frac"):
+                if key in seq_diag:
+                    diag[key] = seq_diag[key]
+        else:
+            raise ValueError(
+                f"importance_sampling_level must be 'token' or 'sequence', got {self.importance_sampling_level!r}"
+            )
+
+        # The loss above is already scaled for gradient accumulation (normaliser); scale the MoE aux loss too.
+        if self.aux_loss_enabled:
+            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            )
+
+        self._log_rgpo_metrics(mode, diag, entropies, mask)
+        return loss
+
+    @torch.no_grad()
+    def _log_rgpo_metrics(self, mode, diag, entropies, mask) -> None:
+        """Reduce the diagnostics across processes (token-weighted means, maxima) and record them."""
+        has_ref = "kl_ref" in diag
+        mean_keys = _MEAN_KEYS + (_REF_MEAN_KEYS if has_ref else ())
+        if "ref_ratio_larger_frac" in diag:
+            mean_keys = mean_keys + ("ref_ratio_larger_frac",)
+        max_keys = _MAX_KEYS + (_REF_MAX_KEYS if has_ref else ())
+
+        count = mask.sum().float()
+        local_sums = [diag[k].to(count.device) * count for k in mean_keys]
+        local_sums += [(entropies.float() * mask).sum(), count]
+        totals = self.accelerator.reduce(torch.stack(local_sums), reduction="sum")
+        global_count = totals[-1]
+        means = totals[:-1] / global_count.clamp(min=1.0)
+        # Maxima and the (per-process) ESS, gathered in one call; ESS is averaged over processes.
+        gathered = self.accelerator.gather(
+            torch.stack([diag[k].to(count.device) for k in max_keys] + [diag["ess"].to(count.device)])[None]
+        )
+        maxima = gathered[:, :-1].max(dim=0).values
+        ess = gathered[:, -1].mean()
+
+        metrics = self._metrics[mode]
+        for key, value in zip(mean_keys, means[: len(mean_keys)].tolist(), strict=True):
+            metrics[f"rgpo/{key}"].append(value)
+        for key, value in zip(max_keys, maxima.tolist(), strict=True):
+            metrics[f"rgpo/{key}"].append(value)
+        metrics["rgpo/ess"].append(ess.item())
+        metrics["rgpo/kl_coef"].append(self.kl_ctl.value)
+        metrics["entropy"].append(means[len(mean_keys)].item())
+        if has_ref:
+            metrics["kl"].append(metrics["rgpo/kl_ref"][-1])  # TRL's name for the k3 KL to the reference
+
+        if mode == "train":
+            kl_index = mean_keys.index("kl_old")
+            self._iter_kl_sum += totals[kl_index].item()
+            self._iter_kl_count += global_count.item()
