@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` and `make test`. Both install what they need first.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+# A CPU wheel of torch for machines without one; GPU users keep the torch they installed.
+TORCH_CPU ?= torch==2.13.0
+EXTRAS ?= all
+STAMP := .install.stamp
+
+.PHONY: install demo test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_CPU)"
+	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PYTHON) examples/core_demo.py
+
+test: $(STAMP)
+	$(PYTHON) -m pytest
+
+test-slow: $(STAMP)
+	$(PYTHON) -m pytest -m slow
+
+lint: $(STAMP)
+	$(PYTHON) -m ruff check .
+
+clean:
+	rm -f $(STAMP)

@@ -1,0 +1,186 @@
+"""The RGPO policy loss (paper Eq. practical and Eq. rgpo_rlhf), torch only.
+
+    L = -mean(g(r) * A) + beta * KLhat_old + beta_ref * KL_ref
+
+with r = r_old (``ratio_mode="old"``), r_ref (``"ref"``) or max(r_old, r_ref) (``"dual"``),
+KLhat_old = mean(r_old - 1 - log r_old) (Eq. kl_estimator) and KL_ref the k3 estimator
+exp(logp_ref - logp) - (logp_ref - logp) - 1 that TRL's GRPOTrainer uses for its ``beta`` term.
+
+Inputs are per-sample (MuJoCo: shape ``(N,)``) or per-token with a mask (LLM: ``(B, T)``).
+Means are taken over valid elements; pass ``normalizer`` to divide sums by a different count
+(e.g. the number of tokens in the whole accumulated batch, so that gradient accumulation is
+exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .gates import Gate, clamp_log_ratio
+
+RATIO_MODES = ("old", "ref", "dual")
+
+
+def check_ratio_mode(ratio_mode: str) -> str:
+    if ratio_mode not in RATIO_MODES:
+        raise ValueError(f"ratio_mode must be one of {list(RATIO_MODES)}, got {ratio_mode!r}")
+    return ratio_mode
+
+
+def kl_old_estimate(log_ratio_old: torch.Tensor) -> torch.Tensor:
+    """Per-element r - 1 - log r (>= 0), from log r; the paper's KLhat before averaging."""
+    log_ratio_old = clamp_log_ratio(log_ratio_old)
+    return torch.expm1(log_ratio_old) - log_ratio_old
+
+
+def kl_ref_estimate(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
+    """Per-element k3 estimator of KL(pi || pi_ref), identical to TRL's GRPO ``beta`` term."""
+    delta = clamp_log_ratio(ref_logps - logps)
+    return torch.expm1(delta) - delta
+
+
+def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Normalised ESS = (sum w)^2 / (N sum w^2) in [0, 1] (paper, Ablation D).
+
+    Returns 0 when all weights are zero (no sample contributes).
+    """
+    w = weights.detach().double()
+    if mask is not None:
+        m = mask.to(w.dtype)
+        w = w * m
+        n = m.sum()
+    else:
+        n = torch.tensor(float(w.numel()), dtype=w.dtype, device=w.device)
+    s1, s2 = w.sum(), (w * w).sum()
+    return torch.where(s2 > 0, s1 * s1 / (n * s2).clamp_min(1e-300), torch.zeros_like(s1)).float()
+
+
+@dataclass
+class RGPOTerms:
+    """Per-element pieces of the RGPO loss, before reduction (all the shape of ``logps``)."""
+
+    gate: torch.Tensor  # g(r), differentiable
+    weight: torch.Tensor  # w(r) = g'(r) r, detached
+    kl_old: torch.Tensor  # r_old - 1 - log r_old, differentiable
+    kl_ref: torch.Tensor | None  # k3 KL to reference, differentiable (None without ref_logps)
+    log_ratio_old: torch.Tensor  # detached
+    log_ratio_ref: torch.Tensor | None  # detached
+    log_ratio: torch.Tensor  # the gated log-ratio (after the ratio mode), detached
+
+
+def rgpo_terms(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    gate: Gate,
+    *,
+    ref_logps: torch.Tensor | None = None,
+    ratio_mode: str = "old",
+) -> RGPOTerms:
+    """Compute the per-element gate, weight and KL terms. ``old_logps=None`` means on-policy
+    (r_old == 1 with the gradient of log pi kept, as TRL does when it does not reuse a batch)."""
+    check_ratio_mode(ratio_mode)
+    if old_logps is None:
+        old_logps = logps.detach()
+    if ratio_mode in ("ref", "dual") and ref_logps is None:
+        raise ValueError(f"ratio_mode={ratio_mode!r} needs ref_logps (the reference model's log-probs)")
+    log_ratio_old = logps - old_logps
+    log_ratio_ref = None if ref_logps is None else logps - ref_logps
+    if ratio_mode == "old":
+        log_ratio = log_ratio_old
+    elif ratio_mode == "ref":
+        log_ratio = log_ratio_ref
+    else:
+        # max(r_old, r_ref) = exp(max(log r_old, log r_ref)); the gradient flows through the
+        # larger one, and both share d log pi, so the gradient is w(max r) grad log pi.
+        log_ratio = torch.maximum(log_ratio_old, log_ratio_ref)
+    return RGPOTerms(
+        gate=gate.from_log_ratio(log_ratio),
+        weight=gate.weight_from_log_ratio(log_ratio.detach()),
+        kl_old=kl_old_estimate(log_ratio_old),
+        kl_ref=None if ref_logps is None else kl_ref_estimate(logps, ref_logps),
+        log_ratio_old=log_ratio_old.detach(),
+        log_ratio_ref=None if log_ratio_ref is None else log_ratio_ref.detach(),
+        log_ratio=log_ratio.detach(),
+    )
+
+
+def _masked_sum(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return x.sum() if mask is None else (x * mask).sum()
+
+
+def _masked_max(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return x.max()
+    return torch.where(mask.bool(), x, torch.full_like(x, -torch.inf)).max()
+
+
+def rgpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    gate: Gate,
+    *,
+    kl_coef: float | torch.Tensor = 0.0,
+    ref_logps: torch.Tensor | None = None,
+    ref_kl_coef: float = 0.0,
+    ratio_mode: str = "old",
+    mask: torch.Tensor | None = None,
+    normalizer: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """RGPO loss (to minimise) and diagnostics.
+
+    Args:
+        logps: log pi_theta of the taken actions/tokens, ``(N,)`` or ``(B, T)``, with grad.
+        old_logps: log pi_old (the behaviour policy), same shape, no grad; ``None`` = on-policy.
+        advantages: broadcastable to ``logps`` (``(B, 1)`` for a per-sequence advantage).
+        gate: a `Gate` from `make_gate`.
+        kl_coef: beta, the (adaptive) KL-to-old coefficient.
+        ref_logps: log pi_ref, needed for ``ratio_mode`` ``ref``/``dual`` and ``ref_kl_coef``.
+        ref_kl_coef: beta_ref, the fixed KL-to-reference coefficient (paper: 0.05).
+        ratio_mode: ``old``, ``ref`` or ``dual`` (r = max(r_old, r_ref)).
+        mask: 1 for valid elements (completion tokens), 0 for padding.
+        normalizer: divide masked sums by this instead of the number of valid elements.
+
+    Returns:
+        ``(loss, diagnostics)``; diagnostics are detached 0-dim tensors: ``gate_mean``,
+        ``weight_mean``, ``ess``, ``kl_old``, ``rejected_frac`` (g < 0.1), ``ratio_old_mean``,
+        ``ratio_old_max`` and, with ``ref_logps``, ``kl_ref``, ``ratio_ref_mean``,
+        ``ratio_ref_max``; in dual mode ``ref_ratio_larger_frac``.
+    """
+    if ref_kl_coef and ref_logps is None:
+        raise ValueError("ref_kl_coef > 0 needs ref_logps (the reference model's log-probs)")
+    terms = rgpo_terms(logps, old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode)
+    if mask is not None:
+        mask = mask.to(logps.dtype)
+    count = torch.as_tensor(float(logps.numel()), device=logps.device) if mask is None else mask.sum()
+    denom = count.clamp_min(1.0) if normalizer is None else normalizer
+
+    advantages = torch.broadcast_to(advantages.to(logps.dtype), logps.shape)
+    per_element = -terms.gate * advantages + kl_coef * terms.kl_old
+    if ref_kl_coef:
+        per_element = per_element + ref_kl_coef * terms.kl_ref
+    loss = _masked_sum(per_element, mask) / denom
+
+    with torch.no_grad():
+        n = count.clamp_min(1.0)
+        ratio_old = torch.exp(clamp_log_ratio(terms.log_ratio_old))
+        diagnostics = {
+            "gate_mean": _masked_sum(terms.gate.detach(), mask) / n,
+            "weight_mean": _masked_sum(terms.weight, mask) / n,
+            "ess": effective_sample_size(terms.weight, mask),
+            "kl_old": _masked_sum(terms.kl_old.detach(), mask) / n,
+            "rejected_frac": _masked_sum((terms.gate.detach() < 0.1).to(logps.dtype), mask) / n,
+            "ratio_old_mean": _masked_sum(ratio_old, mask) / n,
+            "ratio_old_max": _masked_max(ratio_old, mask),
+        }
+        if ref_logps is not None:
+            ratio_ref = torch.exp(clamp_log_ratio(terms.log_ratio_ref))
+            diagnostics["kl_ref"] = _masked_sum(terms.kl_ref.detach(), mask) / n
+            diagnostics["ratio_ref_mean"] = _masked_sum(ratio_ref, mask) / n
+            diagnostics["ratio_ref_max"] = _masked_max(ratio_ref, mask)
+            if ratio_mode == "dual":
+                larger = (terms.log_ratio_ref > terms.log_ratio_old).to(logps.dtype)
+                diagnostics["ref_ratio_larger_frac"] = _masked_sum(larger, mask) / n
+    return loss, {k: v.detach().float() for k, v in diagnostics.items()}
