@@ -1,0 +1,498 @@
+# AWR (advantage-weighted regression, on-policy variant of the paper's baseline) on MuJoCo,
+# CleanRL-style single file. Policy loss: -mean(min(exp(A / beta), max_weight) * log pi(a|s)).
+# Part of rgpo-trl's MuJoCo baselines: ppo / rgpo / trpo / awr share every line except the policy
+# update (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+
+import rgpo_trl
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and the run is bit-reproducible on CPU"""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for these small MLPs; CleanRL benchmarks use OMP_NUM_THREADS=1)"""
+    output_dir: str = "runs"
+    """results go to {output_dir}/{run_name}/ (config.json, metrics.csv, final.json, TensorBoard events)"""
+    run_name: str | None = None
+    """default: {env_id}__{exp_name}__{seed}__{unix time}"""
+    tensorboard: bool = True
+    """write TensorBoard event files (metrics.csv is always written)"""
+    verbose: bool = True
+    """print one line per iteration"""
+
+    # Environment
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (the paper uses the v4 MuJoCo tasks; v5 ids work too)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiment"""
+    norm_obs: bool = True
+    """running mean/std observation normalisation (gymnasium NormalizeObservation semantics)"""
+    obs_clip: float = 10.0
+    """clip normalised observations to [-obs_clip, obs_clip]"""
+    norm_reward: bool = True
+    """reward scaling by the running std of the discounted return (gymnasium NormalizeReward semantics)"""
+    reward_clip: float = 10.0
+    """clip scaled rewards to [-reward_clip, reward_clip]"""
+
+    # Networks and optimiser (identical in ppo / rgpo / trpo / awr)
+    hidden_size: int = 256
+    """width of the 2-layer tanh MLPs (policy mean and value); the paper uses 256, CleanRL 64"""
+    ortho_init: bool = True
+    """orthogonal init (gain sqrt(2); 0.01 for the policy head, 1 for the value head), zero biases"""
+    init_logstd: float = 0.0
+    """initial value of the state-independent log-std parameter"""
+    learning_rate: float = 3e-4
+    """Adam learning rate"""
+    adam_eps: float = 1e-5
+    """Adam epsilon"""
+    anneal_lr: bool = True
+    """linearly anneal the learning rate to 0"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip (<= 0 disables)"""
+
+    # Rollout / advantage estimation
+    num_steps: int = 2048
+    """environment steps per rollout (one environment)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    minibatch_size: int = 64
+    """mini-batch size"""
+    update_epochs: int = 10
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """per-mini-batch advantage normalisation"""
+    clip_vloss: bool = True
+    """clipped value loss"""
+    vclip_coef: float = 0.2
+    """value clipping range"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    spike_kl: float = 0.04
+    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (2 x target 0.02)"""
+
+    # AWR specific
+    awr_beta: float = 1.0
+    """temperature beta of the advantage weights exp(A / beta) (paper: 1.0)"""
+    awr_max_weight: float = 20.0
+    """weights are clipped to <= this (Peng et al. 2019 use 20); with normalised advantages and beta 1
+    the clip binds only for A > 3 std"""
+
+    # filled at runtime
+    batch_size: int = 0
+    num_iterations: int = 0
+
+
+# --------------------------------------------------------------------------------------------- #
+# Environment: one gymnasium env, no vector wrapper. Resets are explicit (no autoreset, so no fake
+# transitions), normalisation is done here with the same update rules as gymnasium's wrappers,
+# and episode returns are the raw, unnormalised rewards.
+# --------------------------------------------------------------------------------------------- #
+SQRT2 = math.sqrt(2.0)
+
+
+class RunningMeanStd:
+    """Running mean/var, the parallel update of gymnasium.wrappers.utils.RunningMeanStd (count 1)."""
+
+    def __init__(self, shape=(), epsilon=1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = epsilon
+
+    def update_one(self, x):
+        delta = x - self.mean
+        tot = self.count + 1.0
+        self.mean = self.mean + delta / tot
+        self.var = (self.var * self.count + delta * delta * (self.count / tot)) / tot
+        self.count = tot
+
+
+class MujocoEnv:
+    def __init__(self, args: Args):
+        self.env = gym.make(args.env_id)
+        assert isinstance(self.env.action_space, gym.spaces.Box), "only continuous action spaces"
+        assert isinstance(self.env.observation_space, gym.spaces.Box), "only Box observations"
+        self.obs_dim = int(np.prod(self.env.observation_space.shape))
+        self.act_dim = int(np.prod(self.env.action_space.shape))
+        self.low, self.high = self.env.action_space.low, self.env.action_space.high
+        self.norm_obs, self.norm_reward = args.norm_obs, args.norm_reward
+        self.obs_clip, self.reward_clip, self.gamma = args.obs_clip, args.reward_clip, args.gamma
+        self.obs_rms = RunningMeanStd((self.obs_dim,))
+        self.ret_rms = RunningMeanStd(())
+        self.discounted = 0.0
+        self.ep_return, self.ep_length = 0.0, 0
+
+    def _obs(self, obs):
+        obs = np.asarray(obs, np.float64).reshape(-1)
+        if self.norm_obs:
+            self.obs_rms.update_one(obs)
+            obs = np.clip(
+                (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8), -self.obs_clip, self.obs_clip
+            )
+        return obs
+
+    def reset(self, seed=None):
+        obs, _ = self.env.reset(seed=seed)
+        if seed is not None:
+            self.env.action_space.seed(seed)
+        self.ep_return, self.ep_length = 0.0, 0
+        return self._obs(obs)
+
+    def step(self, action):
+        """-> (normalised next obs, scaled reward, done, finished episode (return, length) or None)."""
+        obs, reward, terminated, truncated, _ = self.env.step(np.clip(action, self.low, self.high))
+        reward = float(reward)
+        self.ep_return += reward
+        self.ep_length += 1
+        if self.norm_reward:
+            # gymnasium NormalizeReward: the discounted return is only reset on termination
+            self.discounted = self.discounted * self.gamma * (1.0 - float(terminated)) + reward
+            self.ret_rms.update_one(self.discounted)
+            reward = reward / math.sqrt(self.ret_rms.var + 1e-8)
+            reward = min(max(reward, -self.reward_clip), self.reward_clip)
+        done = terminated or truncated
+        episode = None
+        if done:
+            episode = (self.ep_return, self.ep_length)
+            obs, _ = self.env.reset()
+            self.ep_return, self.ep_length = 0.0, 0
+        return self._obs(obs), reward, done, episode
+
+    def close(self):
+        self.env.close()
+
+
+def layer_init(layer, std=SQRT2, bias_const=0.0, ortho=True):
+    if ortho:
+        torch.nn.init.orthogonal_(layer.weight, std)
+        torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, act_dim, args: Args):
+        super().__init__()
+        h, o = args.hidden_size, args.ortho_init
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, h), ortho=o),
+            nn.Tanh(),
+            layer_init(nn.Linear(h, h), ortho=o),
+            nn.Tanh(),
+            layer_init(nn.Linear(h, 1), std=1.0, ortho=o),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, h), ortho=o),
+            nn.Tanh(),
+            layer_init(nn.Linear(h, h), ortho=o),
+            nn.Tanh(),
+            layer_init(nn.Linear(h, act_dim), std=0.01, ortho=o),
+        )
+        self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(args.init_logstd)))
+
+    def policy_parameters(self):
+        return [*self.actor_mean.parameters(), self.actor_logstd]
+
+    def log_prob(self, mean, action):
+        """Diagonal-Gaussian log-density of `action`, summed over action dims."""
+        z = (action - mean) * torch.exp(-self.actor_logstd)
+        return -0.5 * (z * z).sum(-1) - (
+            self.actor_logstd.sum() + 0.5 * mean.shape[-1] * math.log(2 * math.pi)
+        )
+
+    def entropy(self):
+        return self.actor_logstd.sum() + 0.5 * self.actor_logstd.numel() * (1.0 + math.log(2 * math.pi))
+
+
+# --------------------------------------------------------------------------------------------- #
+# Method-specific part: the AWR weighted log-likelihood.
+# --------------------------------------------------------------------------------------------- #
+def awr_policy_loss(newlogprob, oldlogprob, advantages, beta, max_weight):
+    """AWR loss and per-mini-batch stats [kl_old, ess, weight_clipfrac, weight_max]; ESS uses the AWR
+    weights (scale-free, so equal to the ESS of the normalised weights w / sum w, Ablation D)."""
+    with torch.no_grad():
+        raw = torch.exp((advantages / beta).clamp(max=50.0))
+        weights = raw.clamp(max=max_weight)
+    pg_loss = -(weights * newlogprob).mean()
+    with torch.no_grad():
+        kl = rgpo_trl.kl_old_estimate(newlogprob - oldlogprob).mean()
+        ess = rgpo_trl.effective_sample_size(weights)
+        clipfrac = (raw > max_weight).float().mean()
+    return pg_loss, torch.stack([kl, ess, clipfrac, weights.max()])
+
+
+STAT_NAMES = ["kl", "ess", "weight_clipfrac", "weight_max"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+def main(args: Args) -> dict:
+    args.batch_size = args.num_steps
+    args.num_iterations = args.total_timesteps // args.batch_size
+    assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
+    assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
+    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.output_dir, run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(
+            {**asdict(args), "run_name": run_name, "torch": torch.__version__, "gymnasium": gym.__version__},
+            f,
+            indent=2,
+        )
+    writer = None
+    if args.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(run_dir)
+        writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()),
+        )
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+
+    env = MujocoEnv(args)
+    agent = Agent(env.obs_dim, env.act_dim, args)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    policy_params = agent.policy_parameters()
+    n_policy_params = sum(p.numel() for p in policy_params)
+
+    # storage (torch tensors sharing memory with numpy views for the per-step writes)
+    T, mb = args.num_steps, args.minibatch_size
+    obs = torch.zeros((T, env.obs_dim))
+    actions = torch.zeros((T, env.act_dim))
+    rewards = np.zeros(T, np.float64)
+    dones = np.zeros(T, np.float64)  # dones[t]: obs[t] is the first observation of a new episode
+    obs_np = obs.numpy()
+
+    episode_returns, episode_lengths = [], []
+    global_step = 0
+    start_time = time.time()
+    next_obs = env.reset(seed=args.seed)
+    next_done = 0.0
+    csv_file, csv_writer, final = open(os.path.join(run_dir, "metrics.csv"), "w", newline=""), None, {}
+    try:
+        for iteration in range(1, args.num_iterations + 1):
+            iter_start = time.perf_counter()
+            lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
+            optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
+            n_episodes_before = len(episode_returns)
+
+            # ---- rollout: only the policy mean is evaluated per step; log-probs and values are
+            # computed for the whole batch afterwards (same network, same parameters)
+            noise = torch.randn((T, env.act_dim))
+            with torch.inference_mode():
+                std = torch.exp(agent.actor_logstd)
+                for step in range(T):
+                    obs_np[step] = next_obs
+                    dones[step] = next_done
+                    action = agent.actor_mean(obs[step]) + std * noise[step]
+                    actions[step] = action
+                    next_obs, rewards[step], next_done, episode = env.step(action.numpy())
+                    if episode is not None:
+                        episode_returns.append(episode[0])
+                        episode_lengths.append(episode[1])
+                        if writer is not None:
+                            writer.add_scalar("charts/episodic_return", episode[0], global_step + step + 1)
+                            writer.add_scalar("charts/episodic_length", episode[1], global_step + step + 1)
+                global_step += T
+                b_values = agent.critic(obs).squeeze(-1)
+                next_value = float(agent.critic(torch.as_tensor(next_obs, dtype=torch.float32)))
+                b_logprobs = agent.log_prob(agent.actor_mean(obs), actions)
+            rollout_time = time.perf_counter() - iter_start
+
+            # ---- GAE (numpy, float64)
+            values_np = b_values.numpy().astype(np.float64)
+            adv_np = np.zeros(T, np.float64)
+            lastgaelam = 0.0
+            for t in reversed(range(T)):
+                if t == T - 1:
+                    nextnonterminal, nextvalues = 1.0 - next_done, next_value
+                else:
+                    nextnonterminal, nextvalues = 1.0 - dones[t + 1], values_np[t + 1]
+                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values_np[t]
+                adv_np[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+            b_advantages = torch.as_tensor(adv_np, dtype=torch.float32)
+            b_returns = torch.as_tensor(adv_np + values_np, dtype=torch.float32)
+            b_values, b_logprobs = b_values.clone(), b_logprobs.clone()  # leave inference mode
+
+            # ---- update (PPO / RGPO / AWR differ only in `policy loss` below)
+            update_start = time.perf_counter()
+            stats, losses = [], []
+            g_sum = torch.zeros(n_policy_params)
+            g_sqsum = 0.0
+            epochs_run = 0
+            for epoch in range(args.update_epochs):
+                perm = torch.randperm(T)
+                for start in range(0, T, mb):
+                    idx = perm[start : start + mb]
+                    mb_obs = obs[idx]
+                    newlogprob = agent.log_prob(agent.actor_mean(mb_obs), actions[idx])
+                    newvalue = agent.critic(mb_obs).squeeze(-1)
+                    mb_adv = b_advantages[idx]
+                    if args.norm_adv:
+                        mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+
+                    # policy loss
+                    pg_loss, mb_stats = awr_policy_loss(
+                        newlogprob, b_logprobs[idx], mb_adv, args.awr_beta, args.awr_max_weight
+                    )
+
+                    # value loss
+                    mb_ret = b_returns[idx]
+                    if args.clip_vloss:
+                        mb_val = b_values[idx]
+                        v_clipped = mb_val + (newvalue - mb_val).clamp(-args.vclip_coef, args.vclip_coef)
+                        v_loss = 0.5 * torch.max((newvalue - mb_ret) ** 2, (v_clipped - mb_ret) ** 2).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - mb_ret) ** 2).mean()
+                    entropy = agent.entropy()
+                    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+                    if not torch.isfinite(loss):
+                        raise NonFiniteLossError(
+                            f"non-finite loss at iteration {iteration} (epoch {epoch}, mini-batch {start // mb}): "
+                            f"policy_loss={pg_loss.item()}, value_loss={v_loss.item()}; stopping instead of "
+                            "training on garbage"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    # gradient variance: policy-parameter gradients before clipping (see README)
+                    g = torch.cat([p.grad.reshape(-1) for p in policy_params])
+                    g_sum += g
+                    g_sqsum += float(g.dot(g))
+                    if args.max_grad_norm > 0:
+                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    stats.append(mb_stats)
+                    losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))
+                epochs_run += 1
+            update_time = time.perf_counter() - update_start
+
+            # ---- per-iteration metrics (same keys for every method)
+            st = torch.stack(stats).double().numpy()
+            ls = torch.stack(losses).double().numpy()
+            n_mb = st.shape[0]
+            g_mean = g_sum.double() / n_mb
+            grad_var = max(g_sqsum / n_mb - float(g_mean.dot(g_mean)), 0.0) / n_policy_params
+            var_y = float(np.var(adv_np + values_np))
+            new_eps = episode_returns[n_episodes_before:]
+            iter_time = time.perf_counter() - iter_start
+            kl_mean = float(st[:, 0].mean())
+            row = {
+                "iteration": iteration,
+                "global_step": global_step,
+                "time": time.time() - start_time,
+                "episodic_return": float(np.mean(new_eps)) if new_eps else float("nan"),
+                "return_last100": float(np.mean(episode_returns[-100:])) if episode_returns else float("nan"),
+                "episodes": len(episode_returns),
+                "kl": kl_mean,
+                "kl_max": float(st[:, 0].max()),
+                "spike": int(kl_mean > args.spike_kl),
+                "ess": float(st[:, 1].mean()),
+                "grad_var": grad_var,
+                "policy_loss": float(ls[:, 0].mean()),
+                "value_loss": float(ls[:, 1].mean()),
+                "entropy": agent.entropy().item(),
+                "explained_variance": float("nan") if var_y == 0 else 1 - float(np.var(adv_np)) / var_y,
+                "learning_rate": optimizer.param_groups[0]["lr"],
+                "epochs": epochs_run,
+                "iter_time": iter_time,
+                "rollout_time": rollout_time,
+                "update_time": update_time,
+                "SPS": global_step / (time.time() - start_time),
+            }
+            for j, name in enumerate(STAT_NAMES[2:], start=2):
+                row[name] = float(st[:, j].max() if name.endswith("_max") else st[:, j].mean())
+            if csv_writer is None:
+                csv_writer = csv.DictWriter(csv_file, fieldnames=list(row))
+                csv_writer.writeheader()
+            csv_writer.writerow(row)
+            csv_file.flush()
+            if writer is not None:
+                _write_tensorboard(writer, row, global_step)
+            if args.verbose:
+                print(
+                    f"iter={iteration} step={global_step} return(last100)={row['return_last100']:.1f} "
+                    f"kl={kl_mean:.4f} ess={row['ess']:.3f} SPS={int(row['SPS'])}",
+                    flush=True,
+                )
+        last = episode_returns[-100:]
+        final = {
+            "run_name": run_name,
+            "env_id": args.env_id,
+            "method": args.exp_name,
+            "seed": args.seed,
+            "global_step": global_step,
+            "final_return": float(np.mean(last)) if last else float("nan"),
+            "final_return_episodes": len(last),
+            "episodes": len(episode_returns),
+            "wall_time": time.time() - start_time,
+            "SPS": global_step / (time.time() - start_time),
+        }
+        with open(os.path.join(run_dir, "final.json"), "w") as f:
+            json.dump(final, f, indent=2)
+    finally:
+        csv_file.close()
+        env.close()
+        if writer is not None:
+            writer.close()
+    return final
+
+
+TB_KEYS = {
+    "learning_rate": "charts/learning_rate",
+    "SPS": "charts/SPS",
+    "iter_time": "charts/iter_time",
+    "rollout_time": "charts/rollout_time",
+    "update_time": "charts/update_time",
+    "return_last100": "charts/return_last100",
+    "policy_loss": "losses/policy_loss",
+    "value_loss": "losses/value_loss",
+    "entropy": "losses/entropy",
+    "explained_variance": "losses/explained_variance",
+    "kl": "losses/approx_kl",
+}
+
+
+def _write_tensorboard(writer, row, global_step):
+    for key, value in row.items():
+        if key in ("iteration", "global_step", "time", "episodic_return", "episodes"):
+            continue
+        writer.add_scalar(TB_KEYS.get(key, f"stats/{key}"), value, global_step)
+
+
+if __name__ == "__main__":
+    try:
+        main(tyro.cli(Args))
+    except NonFiniteLossError as e:
+        raise SystemExit(f"ERROR: {e}") from e

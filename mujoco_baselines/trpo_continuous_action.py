@@ -1,0 +1,599 @@
+# TRPO (natural gradient + KL-enforcing backtracking line search) on MuJoCo, CleanRL-style single file.
+# One constrained policy step per rollout (10 conjugate-gradient iterations on the Fisher-vector
+# product of the closed-form Gaussian KL), then value-only Adam epochs.
+# Part of rgpo-trl's MuJoCo baselines: ppo / rgpo / trpo / awr share every line except the policy
+# update (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+
+import rgpo_trl
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and the run is bit-reproducible on CPU"""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for these small MLPs; CleanRL benchmarks use OMP_NUM_THREADS=1)"""
+    output_dir: str = "runs"
+    """results go to {output_dir}/{run_name}/ (config.json, metrics.csv, final.json, TensorBoard events)"""
+    run_name: str | None = None
+    """default: {env_id}__{exp_name}__{seed}__{unix time}"""
+    tensorboard: bool = True
+    """write TensorBoard event files (metrics.csv is always written)"""
+    verbose: bool = True
+    """print one line per iteration"""
+
+    # Environment
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (the paper uses the v4 MuJoCo tasks; v5 ids work too)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiment"""
+    norm_obs: bool = True
+    """running mean/std observation normalisation (gymnasium NormalizeObservation semantics)"""
+    obs_clip: float = 10.0
+    """clip normalised observations to [-obs_clip, obs_clip]"""
+    norm_reward: bool = True
+    """reward scaling by the running std of the discounted return (gymnasium NormalizeReward semantics)"""
+    reward_clip: float = 10.0
+    """clip scaled rewards to [-reward_clip, reward_clip]"""
+
+    # Networks and optimiser (identical in ppo / rgpo / trpo / awr)
+    hidden_size: int = 256
+    """width of the 2-layer tanh MLPs (policy mean and value); the paper uses 256, CleanRL 64"""
+    ortho_init: bool = True
+    """orthogonal init (gain sqrt(2); 0.01 for the policy head, 1 for the value head), zero biases"""
+    init_logstd: float = 0.0
+    """initial value of the state-independent log-std parameter"""
+    learning_rate: float = 3e-4
+    """Adam learning rate"""
+    adam_eps: float = 1e-5
+    """Adam epsilon"""
+    anneal_lr: bool = True
+    """linearly anneal the learning rate to 0"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip (<= 0 disables)"""
+
+    # Rollout / advantage estimation
+    num_steps: int = 2048
+    """environment steps per rollout (one environment)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    minibatch_size: int = 64
+    """mini-batch size"""
+    update_epochs: int = 10
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """per-mini-batch advantage normalisation"""
+    clip_vloss: bool = True
+    """clipped value loss"""
+    vclip_coef: float = 0.2
+    """value clipping range"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    spike_kl: float = 0.04
+    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (2 x target 0.02)"""
+
+    # TRPO specific
+    max_kl: float = 0.01
+    """trust-region size delta: the accepted step satisfies KL(pi_old || pi_new) <= delta (closed form,
+    mean over the rollout's states)"""
+    cg_iters: int = 10
+    """conjugate-gradient iterations"""
+    cg_damping: float = 0.1
+    """damping added to the Fisher-vector product"""
+    backtrack_iters: int = 10
+    """line-search halvings before the step is rejected (parameters left unchanged)"""
+    backtrack_coef: float = 0.5
+    """line-search shrink factor"""
+
+    # filled at runtime
+    batch_size: int = 0
+    num_iterations: int = 0
+
+
+# --------------------------------------------------------------------------------------------- #
+# Environment: one gymnasium env, no vector wrapper. Resets are explicit (no autoreset, so no fake
+# transitions), normalisation is done here with the same update rules as gymnasium's wrappers,
+# and episode returns are the raw, unnormalised rewards.
+# --------------------------------------------------------------------------------------------- #
+SQRT2 = math.sqrt(2.0)
+
+
+class RunningMeanStd:
+    """Running mean/var, the parallel update of gymnasium.wrappers.utils.RunningMeanStd (count 1)."""
+
+    def __init__(self, shape=(), epsilon=1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = epsilon
+
+    def update_one(self, x):
+        delta = x - self.mean
+        tot = self.count + 1.0
+        self.mean = self.mean + delta / tot
+        self.var = (self.var * self.count + delta * delta * (self.count / tot)) / tot
+        self.count = tot
+
+
+class MujocoEnv:
+    def __init__(self, args: Args):
+        self.env = gym.make(args.env_id)
+        assert isinstance(self.env.action_space, gym.spaces.Box), "only continuous action spaces"
+        assert isinstance(self.env.observation_space, gym.spaces.Box), "only Box observations"
+        self.obs_dim = int(np.prod(self.env.observation_space.shape))
+        self.act_dim = int(np.prod(self.env.action_space.shape))
+        self.low, self.high = self.env.action_space.low, self.env.action_space.high
+        self.norm_obs, self.norm_reward = args.norm_obs, args.norm_reward
+        self.obs_clip, self.reward_clip, self.gamma = args.obs_clip, args.reward_clip, args.gamma
+        self.obs_rms = RunningMeanStd((self.obs_dim,))
+        self.ret_rms = RunningMeanStd(())
+        self.discounted = 0.0
+        self.ep_return, self.ep_length = 0.0, 0
+
+    def _obs(self, obs):
+        obs = np.asarray(obs, np.float64).reshape(-1)
+        if self.norm_obs:
+            self.obs_rms.update_one(obs)
+            obs = np.clip(
+                (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8), -self.obs_clip, self.obs_clip
+            )
+        return obs
+
+    def reset(self, seed=None):
+        obs, _ = self.env.reset(seed=seed)
+        if seed is not None:
+            self.env.action_space.seed(seed)
+        self.ep_return, self.ep_length = 0.0, 0
+        return self._obs(obs)
+
+    def step(self, action):
+        """-> (normalised next obs, scaled reward, done, finished episode (return, length) or None)."""
+        obs, reward, terminated, truncated, _ = self.env.step(np.clip(action, self.low, self.high))
+        reward = float(reward)
+        self.ep_return += reward
+        self.ep_length += 1
+        if self.norm_reward:
+            # gymnasium NormalizeReward: the discounted return is only reset on termination
+            self.discounted = self.discounted * self.gamma * (1.0 - float(terminated)) + reward
+            self.ret_rms.update_one(self.discounted)
+            reward = reward / math.sqrt(self.ret_rms.var + 1e-8)
+            reward = min(max(reward, -self.reward_clip), self.reward_clip)
+        done = terminated or truncated
+        episode = None
+        if done:
+            episode = (self.ep_return, self.ep_length)
+            obs, _ = self.env.reset()
+            self.ep_return, self.ep_length = 0.0, 0
+        return self._obs(obs), reward, done, episode
+
+    def close(self):
+        self.env.close()
+
+
+def layer_init(layer, std=SQRT2, bias_const=0.0, ortho=True):
+    if ortho:
+        torch.nn.init.orthogonal_(layer.weight, std)
+        torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, act_dim, args: Args):
+        super().__init__()
+        h, o = args.hidden_size, args.ortho_init
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, h), ortho=o),
+            nn.Tanh(),
+            layer_init(nn.Linear(h, h), ortho=o),
+            nn.Tanh(),
+            layer_init(nn.Linear(h, 1), std=1.0, ortho=o),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, h), ortho=o),
+            nn.Tanh(),
+            layer_init(nn.Linear(h, h), ortho=o),
+            nn.Tanh(),
+            layer_init(nn.Linear(h, act_dim), std=0.01, ortho=o),
+        )
+        self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(args.init_logstd)))
+
+    def policy_parameters(self):
+        return [*self.actor_mean.parameters(), self.actor_logstd]
+
+    def log_prob(self, mean, action):
+        """Diagonal-Gaussian log-density of `action`, summed over action dims."""
+        z = (action - mean) * torch.exp(-self.actor_logstd)
+        return -0.5 * (z * z).sum(-1) - (
+            self.actor_logstd.sum() + 0.5 * mean.shape[-1] * math.log(2 * math.pi)
+        )
+
+    def entropy(self):
+        return self.actor_logstd.sum() + 0.5 * self.actor_logstd.numel() * (1.0 + math.log(2 * math.pi))
+
+
+# --------------------------------------------------------------------------------------------- #
+# Method-specific part: the TRPO step.
+# --------------------------------------------------------------------------------------------- #
+def trpo_policy_loss(newlogprob, oldlogprob, advantages):
+    """Importance-sampled surrogate loss -mean(r A) (minimised)."""
+    return -(torch.exp(newlogprob - oldlogprob) * advantages).mean()
+
+
+def gaussian_kl(old_mean, old_logstd, new_mean, new_logstd):
+    """Closed-form KL(N_old || N_new) per state, summed over action dims."""
+    var_ratio = torch.exp(2 * (old_logstd - new_logstd))
+    t = ((old_mean - new_mean) * torch.exp(-new_logstd)) ** 2
+    return (new_logstd - old_logstd + 0.5 * (var_ratio + t) - 0.5).sum(-1)
+
+
+def flat(tensors):
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def set_flat_(params, vector):
+    i = 0
+    for p in params:
+        p.copy_(vector[i : i + p.numel()].view_as(p))
+        i += p.numel()
+
+
+def conjugate_gradient(fvp, b, iters, tol=1e-10):
+    x = torch.zeros_like(b)
+    r, p = b.clone(), b.clone()
+    rr = r.dot(r)
+    for _ in range(iters):
+        fp = fvp(p)
+        alpha = rr / p.dot(fp)
+        x += alpha * p
+        r -= alpha * fp
+        rr_new = r.dot(r)
+        if rr_new < tol:
+            break
+        p = r + (rr_new / rr) * p
+        rr = rr_new
+    return x
+
+
+def trpo_step(agent, params, obs, actions, oldlogprob, advantages, args):
+    """One natural-gradient step with a backtracking line search that enforces KL <= max_kl.
+
+    Returns (surrogate loss before the step, closed-form KL of the accepted step, accepted step fraction
+    (0 = rejected), line-search evaluations)."""
+    with torch.no_grad():
+        old_mean = agent.actor_mean(obs)
+        old_logstd = agent.actor_logstd.detach().clone()
+
+    def loss_fn():
+        logp = agent.log_prob(agent.actor_mean(obs), actions)
+        return trpo_policy_loss(logp, oldlogprob, advantages) - args.ent_coef * agent.entropy()
+
+    def kl_fn():
+        return gaussian_kl(old_mean, old_logstd, agent.actor_mean(obs), agent.actor_logstd).mean()
+
+    loss = loss_fn()
+    if not torch.isfinite(loss):
+        return loss, None, None, None
+    grad = flat(torch.autograd.grad(loss, params))
+
+    def fvp(v):
+        kl_grad = flat(torch.autograd.grad(kl_fn(), params, create_graph=True))
+        return flat(torch.autograd.grad(kl_grad.dot(v), params)).detach() + args.cg_damping * v
+
+    step_dir = conjugate_gradient(fvp, -grad, args.cg_iters)
+    shs = 0.5 * step_dir.dot(fvp(step_dir))
+    full_step = (
+        step_dir * torch.sqrt(2 * args.max_kl / shs.clamp_min(1e-12)) if shs > 0 else torch.zeros_like(grad)
+    )
+    old_params = flat([p.detach() for p in params]).clone()
+    with torch.no_grad():
+        frac = 1.0
+        for n_eval in range(1, args.backtrack_iters + 1):
+            set_flat_(params, old_params + frac * full_step)
+            kl = float(kl_fn())
+            if math.isfinite(kl) and kl <= args.max_kl and float(loss_fn()) < float(loss):
+                return loss.detach(), kl, frac, n_eval
+            frac *= args.backtrack_coef
+        set_flat_(params, old_params)
+    return loss.detach(), 0.0, 0.0, args.backtrack_iters
+
+
+STAT_NAMES = ["kl", "ess", "trpo_kl", "step_frac", "linesearch_evals"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+def main(args: Args) -> dict:
+    args.batch_size = args.num_steps
+    args.num_iterations = args.total_timesteps // args.batch_size
+    assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
+    assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
+    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.output_dir, run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(
+            {**asdict(args), "run_name": run_name, "torch": torch.__version__, "gymnasium": gym.__version__},
+            f,
+            indent=2,
+        )
+    writer = None
+    if args.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(run_dir)
+        writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()),
+        )
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+
+    env = MujocoEnv(args)
+    agent = Agent(env.obs_dim, env.act_dim, args)
+    # value-only optimiser: the policy moves by the TRPO step
+    optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    policy_params = agent.policy_parameters()
+    n_policy_params = sum(p.numel() for p in policy_params)
+
+    # storage (torch tensors sharing memory with numpy views for the per-step writes)
+    T, mb = args.num_steps, args.minibatch_size
+    obs = torch.zeros((T, env.obs_dim))
+    actions = torch.zeros((T, env.act_dim))
+    rewards = np.zeros(T, np.float64)
+    dones = np.zeros(T, np.float64)  # dones[t]: obs[t] is the first observation of a new episode
+    obs_np = obs.numpy()
+
+    episode_returns, episode_lengths = [], []
+    global_step = 0
+    start_time = time.time()
+    next_obs = env.reset(seed=args.seed)
+    next_done = 0.0
+    csv_file, csv_writer, final = open(os.path.join(run_dir, "metrics.csv"), "w", newline=""), None, {}
+    try:
+        for iteration in range(1, args.num_iterations + 1):
+            iter_start = time.perf_counter()
+            lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
+            optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
+            n_episodes_before = len(episode_returns)
+
+            # ---- rollout: only the policy mean is evaluated per step; log-probs and values are
+            # computed for the whole batch afterwards (same network, same parameters)
+            noise = torch.randn((T, env.act_dim))
+            with torch.inference_mode():
+                std = torch.exp(agent.actor_logstd)
+                for step in range(T):
+                    obs_np[step] = next_obs
+                    dones[step] = next_done
+                    action = agent.actor_mean(obs[step]) + std * noise[step]
+                    actions[step] = action
+                    next_obs, rewards[step], next_done, episode = env.step(action.numpy())
+                    if episode is not None:
+                        episode_returns.append(episode[0])
+                        episode_lengths.append(episode[1])
+                        if writer is not None:
+                            writer.add_scalar("charts/episodic_return", episode[0], global_step + step + 1)
+                            writer.add_scalar("charts/episodic_length", episode[1], global_step + step + 1)
+                global_step += T
+                b_values = agent.critic(obs).squeeze(-1)
+                next_value = float(agent.critic(torch.as_tensor(next_obs, dtype=torch.float32)))
+                b_logprobs = agent.log_prob(agent.actor_mean(obs), actions)
+            rollout_time = time.perf_counter() - iter_start
+
+            # ---- GAE (numpy, float64)
+            values_np = b_values.numpy().astype(np.float64)
+            adv_np = np.zeros(T, np.float64)
+            lastgaelam = 0.0
+            for t in reversed(range(T)):
+                if t == T - 1:
+                    nextnonterminal, nextvalues = 1.0 - next_done, next_value
+                else:
+                    nextnonterminal, nextvalues = 1.0 - dones[t + 1], values_np[t + 1]
+                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values_np[t]
+                adv_np[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+            b_advantages = torch.as_tensor(adv_np, dtype=torch.float32)
+            b_returns = torch.as_tensor(adv_np + values_np, dtype=torch.float32)
+            b_values, b_logprobs = b_values.clone(), b_logprobs.clone()  # leave inference mode
+
+            # ---- update: one TRPO policy step on the whole rollout, then value-only epochs
+            update_start = time.perf_counter()
+            adv = b_advantages
+            if args.norm_adv:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            # gradient variance (same definition as ppo/rgpo/awr): the policy loss gradient on each
+            # mini-batch (advantages normalised per mini-batch), here at pi_old before the step
+            perm = torch.randperm(T)
+            g_sum = torch.zeros(n_policy_params)
+            g_sqsum, n_mb = 0.0, 0
+            for start in range(0, T, mb):
+                idx = perm[start : start + mb]
+                mb_adv = b_advantages[idx]
+                if args.norm_adv:
+                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                newlogprob = agent.log_prob(agent.actor_mean(obs[idx]), actions[idx])
+                mb_loss = (
+                    trpo_policy_loss(newlogprob, b_logprobs[idx], mb_adv) - args.ent_coef * agent.entropy()
+                )
+                g = flat(torch.autograd.grad(mb_loss, policy_params))
+                g_sum += g
+                g_sqsum += float(g.dot(g))
+                n_mb += 1
+            pg_loss, trpo_kl, step_frac, ls_evals = trpo_step(
+                agent, policy_params, obs, actions, b_logprobs, adv, args
+            )
+            if trpo_kl is None:
+                raise NonFiniteLossError(
+                    f"non-finite loss at iteration {iteration} (TRPO surrogate): policy_loss={pg_loss.item()}; "
+                    "stopping instead of training on garbage"
+                )
+            # KL to pi_old / ESS of the accepted step, per mini-batch (DESIGN.md definitions, w = r)
+            stats = []
+            with torch.no_grad():
+                logratio = agent.log_prob(agent.actor_mean(obs), actions) - b_logprobs
+                for start in range(0, T, mb):
+                    lr_mb = logratio[perm[start : start + mb]]
+                    stats.append(
+                        torch.stack(
+                            [
+                                rgpo_trl.kl_old_estimate(lr_mb).mean(),
+                                rgpo_trl.effective_sample_size(lr_mb.exp()),
+                                torch.tensor(trpo_kl),
+                                torch.tensor(step_frac),
+                                torch.tensor(float(ls_evals)),
+                            ]
+                        )
+                    )
+            losses = []
+            epochs_run = 0
+            for epoch in range(args.update_epochs):
+                perm = torch.randperm(T)
+                for start in range(0, T, mb):
+                    idx = perm[start : start + mb]
+                    newvalue = agent.critic(obs[idx]).squeeze(-1)
+                    mb_ret = b_returns[idx]
+                    if args.clip_vloss:
+                        mb_val = b_values[idx]
+                        v_clipped = mb_val + (newvalue - mb_val).clamp(-args.vclip_coef, args.vclip_coef)
+                        v_loss = 0.5 * torch.max((newvalue - mb_ret) ** 2, (v_clipped - mb_ret) ** 2).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - mb_ret) ** 2).mean()
+                    loss = args.vf_coef * v_loss
+                    if not torch.isfinite(loss):
+                        raise NonFiniteLossError(
+                            f"non-finite loss at iteration {iteration} (epoch {epoch}, mini-batch {start // mb}): "
+                            f"value_loss={v_loss.item()}; stopping instead of training on garbage"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if args.max_grad_norm > 0:
+                        nn.utils.clip_grad_norm_(agent.critic.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    losses.append(torch.stack([pg_loss, v_loss.detach()]))
+                epochs_run += 1
+            update_time = time.perf_counter() - update_start
+
+            # ---- per-iteration metrics (same keys for every method)
+            st = torch.stack(stats).double().numpy()
+            ls = torch.stack(losses).double().numpy()
+            g_mean = g_sum.double() / n_mb
+            grad_var = max(g_sqsum / n_mb - float(g_mean.dot(g_mean)), 0.0) / n_policy_params
+            var_y = float(np.var(adv_np + values_np))
+            new_eps = episode_returns[n_episodes_before:]
+            iter_time = time.perf_counter() - iter_start
+            kl_mean = float(st[:, 0].mean())
+            row = {
+                "iteration": iteration,
+                "global_step": global_step,
+                "time": time.time() - start_time,
+                "episodic_return": float(np.mean(new_eps)) if new_eps else float("nan"),
+                "return_last100": float(np.mean(episode_returns[-100:])) if episode_returns else float("nan"),
+                "episodes": len(episode_returns),
+                "kl": kl_mean,
+                "kl_max": float(st[:, 0].max()),
+                "spike": int(kl_mean > args.spike_kl),
+                "ess": float(st[:, 1].mean()),
+                "grad_var": grad_var,
+                "policy_loss": float(ls[:, 0].mean()),
+                "value_loss": float(ls[:, 1].mean()),
+                "entropy": agent.entropy().item(),
+                "explained_variance": float("nan") if var_y == 0 else 1 - float(np.var(adv_np)) / var_y,
+                "learning_rate": optimizer.param_groups[0]["lr"],
+                "epochs": epochs_run,
+                "iter_time": iter_time,
+                "rollout_time": rollout_time,
+                "update_time": update_time,
+                "SPS": global_step / (time.time() - start_time),
+            }
+            for j, name in enumerate(STAT_NAMES[2:], start=2):
+                row[name] = float(st[:, j].max() if name.endswith("_max") else st[:, j].mean())
+            if csv_writer is None:
+                csv_writer = csv.DictWriter(csv_file, fieldnames=list(row))
+                csv_writer.writeheader()
+            csv_writer.writerow(row)
+            csv_file.flush()
+            if writer is not None:
+                _write_tensorboard(writer, row, global_step)
+            if args.verbose:
+                print(
+                    f"iter={iteration} step={global_step} return(last100)={row['return_last100']:.1f} "
+                    f"kl={kl_mean:.4f} ess={row['ess']:.3f} SPS={int(row['SPS'])}",
+                    flush=True,
+                )
+        last = episode_returns[-100:]
+        final = {
+            "run_name": run_name,
+            "env_id": args.env_id,
+            "method": args.exp_name,
+            "seed": args.seed,
+            "global_step": global_step,
+            "final_return": float(np.mean(last)) if last else float("nan"),
+            "final_return_episodes": len(last),
+            "episodes": len(episode_returns),
+            "wall_time": time.time() - start_time,
+            "SPS": global_step / (time.time() - start_time),
+        }
+        with open(os.path.join(run_dir, "final.json"), "w") as f:
+            json.dump(final, f, indent=2)
+    finally:
+        csv_file.close()
+        env.close()
+        if writer is not None:
+            writer.close()
+    return final
+
+
+TB_KEYS = {
+    "learning_rate": "charts/learning_rate",
+    "SPS": "charts/SPS",
+    "iter_time": "charts/iter_time",
+    "rollout_time": "charts/rollout_time",
+    "update_time": "charts/update_time",
+    "return_last100": "charts/return_last100",
+    "policy_loss": "losses/policy_loss",
+    "value_loss": "losses/value_loss",
+    "entropy": "losses/entropy",
+    "explained_variance": "losses/explained_variance",
+    "kl": "losses/approx_kl",
+}
+
+
+def _write_tensorboard(writer, row, global_step):
+    for key, value in row.items():
+        if key in ("iteration", "global_step", "time", "episodic_return", "episodes"):
+            continue
+        writer.add_scalar(TB_KEYS.get(key, f"stats/{key}"), value, global_step)
+
+
+if __name__ == "__main__":
+    try:
+        main(tyro.cli(Args))
+    except NonFiniteLossError as e:
+        raise SystemExit(f"ERROR: {e}") from e
