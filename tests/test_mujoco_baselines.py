@@ -1,0 +1,250 @@
+"""Short in-process runs of the MuJoCo baselines (mujoco_baselines/*_continuous_action.py)."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gymnasium")
+pytest.importorskip("mujoco")
+pytest.importorskip("tyro")
+
+import rgpo_trl  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ["ppo", "rgpo", "trpo", "awr"]
+TIME_KEYS = {"time", "iter_time", "rollout_time", "update_time", "SPS"}
+
+
+def load(method):
+    name = f"{method}_continuous_action"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_args(module, tmp_path, run_name="run", **overrides):
+    kw = dict(
+        env_id="Hopper-v4",
+        seed=1,
+        total_timesteps=512,
+        num_steps=256,
+        minibatch_size=64,
+        output_dir=str(tmp_path),
+        run_name=run_name,
+        tensorboard=False,
+        verbose=False,
+    )
+    kw.update(overrides)
+    return module.Args(**kw)
+
+
+def read_rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+COMMON_KEYS = [
+    "iteration", "global_step", "episodic_return", "return_last100", "episodes", "kl", "kl_max", "spike",
+    "ess", "grad_var", "policy_loss", "value_loss", "entropy", "explained_variance", "learning_rate",
+    "epochs", "iter_time", "rollout_time", "update_time", "SPS",
+]  # fmt: skip
+EXTRA_KEYS = {
+    "ppo": ["clipfrac"],
+    "rgpo": ["kl_coef", "kl_coef_next", "gate_mean", "weight_mean", "rejected_frac", "ratio_max", "backstop"],
+    "trpo": ["trpo_kl", "step_frac", "linesearch_evals"],
+    "awr": ["weight_clipfrac", "weight_max"],
+}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_script_runs_and_is_deterministic(method, tmp_path):
+    module = load(method)
+    final = module.main(small_args(module, tmp_path, "a", tensorboard=method == "ppo"))
+    module.main(small_args(module, tmp_path, "b"))
+    rows_a, rows_b = read_rows(tmp_path / "a"), read_rows(tmp_path / "b")
+    assert len(rows_a) == 2
+    for key in COMMON_KEYS + EXTRA_KEYS[method]:
+        for row in rows_a:
+            assert key in row, key
+            assert math.isfinite(row[key]), (key, row[key])
+    # same seed -> identical metrics (timings aside)
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        assert {k: v for k, v in ra.items() if k not in TIME_KEYS} == {
+            k: v for k, v in rb.items() if k not in TIME_KEYS
+        }
+    assert math.isfinite(final["final_return"]) and final["global_step"] == 512
+    saved = json.load(open(tmp_path / "a" / "final.json"))
+    assert saved["final_return"] == final["final_return"]
+    config = json.load(open(tmp_path / "a" / "config.json"))
+    assert config["hidden_size"] == 256 and config["learning_rate"] == 3e-4 and config["minibatch_size"] == 64
+    if method == "ppo":
+        assert glob.glob(str(tmp_path / "a" / "events.out.tfevents.*"))
+    # another seed gives a different run
+    module.main(small_args(module, tmp_path, "c", seed=2))
+    assert read_rows(tmp_path / "c")[0]["policy_loss"] != rows_a[0]["policy_loss"]
+
+
+def test_paper_defaults():
+    for method in METHODS:
+        a = load(method).Args()
+        assert (a.hidden_size, a.learning_rate, a.adam_eps, a.gamma, a.gae_lambda) == (
+            256,
+            3e-4,
+            1e-5,
+            0.99,
+            0.95,
+        )
+        assert (a.num_steps, a.minibatch_size, a.update_epochs, a.vclip_coef) == (2048, 64, 10, 0.2)
+        assert a.norm_obs and a.norm_reward and a.clip_vloss and a.torch_threads == 1
+    assert load("ppo").Args().clip_coef == 0.2
+    r = load("rgpo").Args()
+    assert (r.gate, r.gate_k, r.kl_coef, r.kl_target, r.kl_coef_min, r.kl_coef_max, r.kl_backstop) == (
+        "sigmoid", 5.0, 0.5, 0.02, 0.01, 5.0, 0.1,
+    )  # fmt: skip
+    t = load("trpo").Args()
+    assert (t.max_kl, t.cg_iters, t.cg_damping, t.update_epochs) == (0.01, 10, 0.1, 10)
+    assert load("awr").Args().awr_beta == 1.0
+
+
+def test_cli_parses_flags():
+    import tyro
+
+    module = load("rgpo")
+    args = tyro.cli(
+        module.Args, args=["--env-id", "Walker2d-v5", "--gate", "temperature", "--gate-temperature", "2"]
+    )
+    assert args.env_id == "Walker2d-v5" and args.gate == "temperature" and args.gate_temperature == 2.0
+
+
+def test_rgpo_calls_library_loss_and_adapts_beta(tmp_path, monkeypatch):
+    module = load("rgpo")
+    calls = []
+    real = rgpo_trl.rgpo_loss
+
+    def spy(*a, **kw):
+        calls.append(kw["kl_coef"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(rgpo_trl, "rgpo_loss", spy)
+    # a small target makes beta move (doubling), checking the rule on real KLs
+    module.main(small_args(module, tmp_path, "r", total_timesteps=256 * 4, kl_target=0.002))
+    rows = read_rows(tmp_path / "r")
+    n_updates = sum(int(r["epochs"]) for r in rows) * 256 // 64
+    assert len(calls) == n_updates > 0
+    assert rows[0]["kl_coef"] == 0.5
+    beta = 0.5
+    for row in rows:
+        assert row["kl_coef"] == beta
+        if row["kl"] >= 1.5 * 0.002:
+            beta = min(2 * beta, 5.0)
+        elif row["kl"] <= 0.002 / 1.5:
+            beta = max(beta / 2, 0.01)
+        assert row["kl_coef_next"] == beta
+    assert any(r["kl_coef_next"] != r["kl_coef"] for r in rows)
+    # the value used for every mini-batch is the controller's value of that iteration
+    assert calls[0] == 0.5 and set(calls) <= {r["kl_coef"] for r in rows}
+
+
+def test_rgpo_backstop_leaves_epoch_loop(tmp_path):
+    module = load("rgpo")
+    module.main(small_args(module, tmp_path, "s", total_timesteps=256, kl_backstop=1e-9))
+    row = read_rows(tmp_path / "s")[0]
+    assert row["backstop"] == 1 and row["epochs"] == 1
+
+
+@pytest.mark.parametrize("gate", ["clipped_linear", "temperature"])
+def test_rgpo_gate_ablations(gate, tmp_path):
+    module = load("rgpo")
+    module.main(small_args(module, tmp_path, gate, total_timesteps=128, num_steps=128, gate=gate))
+    row = read_rows(tmp_path / gate)[0]
+    assert math.isfinite(row["ess"]) and 0 < row["ess"] <= 1
+    assert json.load(open(tmp_path / gate / "config.json"))["gate"] == gate
+
+
+@pytest.mark.parametrize("method", ["ppo", "rgpo"])
+def test_nan_loss_stops_with_iteration(method, tmp_path, monkeypatch):
+    import torch
+
+    module = load(method)
+    name = "ppo_policy_loss" if method == "ppo" else "rgpo_policy_loss"
+    real = getattr(module, name)
+    count = [0]
+
+    def poisoned(*a, **kw):
+        loss, stats = real(*a, **kw)
+        count[0] += 1
+        return (loss * torch.nan if count[0] == 7 else loss), stats
+
+    monkeypatch.setattr(module, name, poisoned)
+    with pytest.raises(module.NonFiniteLossError, match="iteration 1 "):
+        module.main(small_args(module, tmp_path, "nan"))
+
+
+def test_trpo_step_respects_kl_bound(tmp_path):
+    module = load("trpo")
+    module.main(small_args(module, tmp_path, "t", total_timesteps=256 * 3))
+    rows = read_rows(tmp_path / "t")
+    assert all(r["trpo_kl"] <= 0.01 for r in rows)
+    assert any(r["step_frac"] > 0 for r in rows)
+
+    # directly: a large advantage signal, the accepted step's closed-form KL is <= delta
+    import torch
+
+    torch.manual_seed(0)
+    args = module.Args(hidden_size=32, max_kl=0.005)
+    agent = module.Agent(5, 2, args)
+    obs, actions = torch.randn(512, 5), torch.randn(512, 2)
+    with torch.no_grad():
+        old_mean = agent.actor_mean(obs)
+        old_logstd = agent.actor_logstd.clone()
+        oldlogprob = agent.log_prob(old_mean, actions)
+    adv = torch.randn(512) * 10
+    params = agent.policy_parameters()
+    _, kl, frac, _ = module.trpo_step(agent, params, obs, actions, oldlogprob, adv, args)
+    with torch.no_grad():
+        kl_now = float(
+            module.gaussian_kl(old_mean, old_logstd, agent.actor_mean(obs), agent.actor_logstd).mean()
+        )
+    assert frac > 0 and kl_now <= 0.005 and abs(kl_now - kl) < 1e-6
+
+
+def test_env_resets_explicitly_without_fake_transitions():
+    """Single env with explicit resets: every step is a real transition, episode returns are raw."""
+    module = load("ppo")
+    args = module.Args(env_id="InvertedPendulum-v4", norm_obs=False)
+    env = module.MujocoEnv(args)
+    rng = np.random.default_rng(0)
+    env.reset(seed=0)
+    steps_since_done, episodes, scaled = 0, [], []
+    for _ in range(400):
+        obs, reward, done, episode = env.step(rng.uniform(-3, 3, size=env.act_dim))
+        steps_since_done += 1
+        scaled.append(reward)
+        assert done == (episode is not None)
+        if done:
+            # InvertedPendulum pays a raw reward of 1 per step: raw return == length, every step counted
+            assert episode[0] == episode[1] == steps_since_done
+            assert np.abs(obs).max() <= 0.011  # the next observation is a fresh reset (+-0.01 noise)
+            episodes.append(episode)
+            steps_since_done = 0
+    env.close()
+    assert len(episodes) >= 5
+    assert not np.allclose(scaled, 1.0)  # the learner sees scaled rewards
+
+
+def test_rgpo_script_imports_library_loss():
+    src = open(os.path.join(ROOT, "mujoco_baselines", "rgpo_continuous_action.py")).read()
+    assert "rgpo_trl.rgpo_loss(" in src and "def rgpo_loss" not in src
