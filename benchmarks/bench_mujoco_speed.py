@@ -1,0 +1,320 @@
+"""Speed benchmark: our PPO / RGPO scripts vs CleanRL's ppo_continuous_action.py, same machine, one run.
+
+    python benchmarks/bench_mujoco_speed.py --cleanrl-path /path/to/cleanrl [--env-id Hopper-v4]
+
+``--cleanrl-path`` is a local checkout of https://github.com/vwxyzjn/cleanrl (or the path of its
+``cleanrl/ppo_continuous_action.py``); the PyPI ``cleanrl`` wheel does not install on Python 3.11.
+The file is copied to a temporary directory and only the gymnasium-1.x compatibility fixes listed
+in the output are applied; nothing of it is stored in this repository.
+
+Two measurements, both interleaved so that machine load hits every variant alike:
+
+1. End-to-end SPS (subprocesses, OMP_NUM_THREADS=1 for all): CleanRL, ours at CleanRL's width 64
+   (PPO and RGPO) and ours at the paper's width 256, in rotating order for ``--rounds`` rounds,
+   with identical hyperparameters (1 env, 2048 steps/rollout, 32 mini-batches of 64, 10 epochs,
+   lr 3e-4 annealed, GAE 0.95, gamma 0.99, clip 0.2, obs/reward normalisation, TensorBoard on).
+   SPS is each script's own global_step / (time since its training loop started).
+2. Update-step cost, RGPO vs PPO (in-process): the scripts' own policy-loss functions on identical
+   data and networks, a full mini-batch step (forward, loss, backward, grad-norm clip, Adam),
+   alternating PPO and RGPO blocks; ratio of median block times. The end-to-end runs also report the
+   median per-iteration ``update_time`` of each script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (description, old, new): each must match exactly once in CleanRL's file.
+CLEANRL_PATCHES = [
+    (
+        "gymnasium>=1.0: TransformObservation needs the observation space",
+        "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+        "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
+    ),
+    (
+        "gymnasium>=1.0: SAME_STEP autoreset (the default NEXT_STEP inserts a fake transition after each episode)",
+        "for i in range(args.num_envs)]\n    )",
+        "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
+    ),
+    (
+        "gymnasium>=1.0: final_info is a batched dict with an `_episode` mask",
+        """            if "final_info" in infos:
+                for info in infos["final_info"]:
+                    if info and "episode" in info:
+                        print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
+                        writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
+                        writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
+""",
+        """            if "final_info" in infos and "episode" in infos["final_info"]:
+                _fi = infos["final_info"]
+                for _i in np.flatnonzero(_fi["_episode"]):
+                    print(f"global_step={global_step}, episodic_return={_fi['episode']['r'][_i]}")
+                    writer.add_scalar("charts/episodic_return", _fi["episode"]["r"][_i], global_step)
+                    writer.add_scalar("charts/episodic_length", _fi["episode"]["l"][_i], global_step)
+""",
+    ),
+]
+
+
+def patch_cleanrl(src: str) -> str:
+    for desc, old, new in CLEANRL_PATCHES:
+        if src.count(old) != 1:
+            raise SystemExit(f"CleanRL file does not match the expected version (patch: {desc!r})")
+        src = src.replace(old, new)
+    return src
+
+
+def find_cleanrl_file(path: str) -> str:
+    for cand in (
+        path,
+        os.path.join(path, "cleanrl", "ppo_continuous_action.py"),
+        os.path.join(path, "ppo_continuous_action.py"),
+    ):
+        if os.path.isfile(cand):
+            return cand
+    raise SystemExit(f"no ppo_continuous_action.py under {path!r}")
+
+
+def run(cmd, cwd, env):
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return proc.stdout, wall
+
+
+def e2e(args, tmp):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    cleanrl_dir = os.path.join(tmp, "cleanrl")
+    os.makedirs(cleanrl_dir)
+    with open(find_cleanrl_file(args.cleanrl_path)) as f:
+        patched = patch_cleanrl(f.read())
+    with open(os.path.join(cleanrl_dir, "ppo_continuous_action.py"), "w") as f:
+        f.write(patched)
+    common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1"]
+    common += ["--num-steps", "2048", "--update-epochs", "10"]
+    variants = {
+        "cleanrl_ppo_64": (
+            [sys.executable, "ppo_continuous_action.py", *common, "--num-minibatches", "32", "--no-cuda"],
+            cleanrl_dir,
+        ),
+    }
+    for method in ("ppo", "rgpo"):
+        for width in (64, 256):
+            script = os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")
+            name = f"ours_{method}_{width}"
+            variants[name] = (
+                [sys.executable, script, *common, "--minibatch-size", "64", "--hidden-size", str(width),
+                 "--output-dir", os.path.join(tmp, "runs"), "--no-verbose"],
+                tmp,
+            )  # fmt: skip
+    names = list(variants)
+    results = {n: {"sps": [], "wall": [], "update_time": [], "rollout_time": []} for n in names}
+    for rnd in range(args.rounds):
+        order = names[rnd % len(names) :] + names[: rnd % len(names)]
+        for name in order:
+            cmd, cwd = variants[name]
+            if name.startswith("ours"):
+                cmd = [*cmd, "--run-name", f"{name}_{rnd}"]
+            out, wall = run(cmd, cwd, env)
+            results[name]["wall"].append(wall)
+            if name.startswith("cleanrl"):
+                sps = float(re.findall(r"SPS: (\d+)", out)[-1])
+            else:
+                run_dir = os.path.join(tmp, "runs", f"{name}_{rnd}")
+                sps = json.load(open(os.path.join(run_dir, "final.json")))["SPS"]
+                import csv
+
+                with open(os.path.join(run_dir, "metrics.csv")) as f:
+                    rows = list(csv.DictReader(f))
+                results[name]["update_time"] += [float(r["update_time"]) for r in rows]
+                results[name]["rollout_time"] += [float(r["rollout_time"]) for r in rows]
+            results[name]["sps"].append(sps)
+            print(f"round {rnd} {name:16s} SPS {sps:7.1f}  wall {wall:6.1f}s", flush=True)
+    return results, [d for d, _, _ in CLEANRL_PATCHES], variants
+
+
+def update_microbench(args):
+    """Alternating blocks of full PPO / RGPO mini-batch steps on identical data and networks."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
+    import ppo_continuous_action as ppo_mod
+    import rgpo_continuous_action as rgpo_mod
+
+    torch.set_num_threads(1)
+    out = {}
+    for width in (64, 256):
+        out[width] = _microbench_width(width, ppo_mod, rgpo_mod, args.micro_blocks)
+    return out
+
+
+def _microbench_width(width, ppo_mod, rgpo_mod, blocks):
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    obs_dim, act_dim, T, mb = 11, 3, 2048, 64
+    obs, actions = torch.randn(T, obs_dim), torch.randn(T, act_dim)
+    adv, ret = torch.randn(T), torch.randn(T)
+    pa, ra = ppo_mod.Args(hidden_size=width), rgpo_mod.Args(hidden_size=width)
+    agents = {"ppo": ppo_mod.Agent(obs_dim, act_dim, pa), "rgpo": rgpo_mod.Agent(obs_dim, act_dim, ra)}
+    agents["rgpo"].load_state_dict(agents["ppo"].state_dict())
+    with torch.no_grad():
+        oldlp = agents["ppo"].log_prob(agents["ppo"].actor_mean(obs), actions)
+        vals = agents["ppo"].critic(obs).squeeze(-1)
+    opts = {k: torch.optim.Adam(a.parameters(), lr=3e-4, eps=1e-5) for k, a in agents.items()}
+    gate = rgpo_mod.make_gate(ra)
+    kl_ctl = rgpo_trl_controller(ra)
+
+    def step(method, idx):
+        agent = agents[method]
+        mb_obs = obs[idx]
+        newlp = agent.log_prob(agent.actor_mean(mb_obs), actions[idx])
+        newv = agent.critic(mb_obs).squeeze(-1)
+        a = adv[idx]
+        a = (a - a.mean()) / (a.std() + 1e-8)
+        if method == "ppo":
+            pg, st = ppo_mod.ppo_policy_loss(newlp, oldlp[idx], a, 0.2)
+        else:
+            pg, st = rgpo_mod.rgpo_policy_loss(newlp, oldlp[idx], a, gate, kl_ctl.value)
+        mv, mr = vals[idx], ret[idx]
+        vc = mv + (newv - mv).clamp(-0.2, 0.2)
+        vl = 0.5 * torch.max((newv - mr) ** 2, (vc - mr) ** 2).mean()
+        loss = pg - 0.0 * agent.entropy() + 0.5 * vl
+        if not torch.isfinite(loss):
+            raise RuntimeError("non-finite")
+        opts[method].zero_grad(set_to_none=True)
+        loss.backward()
+        g = torch.cat([p.grad.reshape(-1) for p in agent.policy_parameters()])
+        float(g.dot(g))
+        nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+        opts[method].step()
+        return st
+
+    times = {"ppo": [], "rgpo": []}
+    for block in range(blocks):
+        for method in ("ppo", "rgpo") if block % 2 == 0 else ("rgpo", "ppo"):
+            perm = torch.randperm(T)
+            t0 = time.perf_counter()
+            for start in range(0, T, mb):
+                step(method, perm[start : start + mb])
+            times[method].append(time.perf_counter() - t0)
+    ppo_t, rgpo_t = statistics.median(times["ppo"]), statistics.median(times["rgpo"])
+    paired = [r / p for p, r in zip(times["ppo"], times["rgpo"], strict=True)]
+    res = {
+        "ppo_epoch_s_median": ppo_t,
+        "rgpo_epoch_s_median": rgpo_t,
+        "rgpo_over_ppo_median": rgpo_t / ppo_t,
+        "rgpo_over_ppo_paired_median": statistics.median(paired),
+        "blocks": blocks,
+    }
+    print(f"update microbench width {width}: PPO epoch {ppo_t * 1e3:.1f} ms, RGPO epoch {rgpo_t * 1e3:.1f} ms, "
+          f"ratio {rgpo_t / ppo_t:.3f} (paired median {statistics.median(paired):.3f})", flush=True)  # fmt: skip
+    return res
+
+
+def rgpo_trl_controller(a):
+    import rgpo_trl
+
+    return rgpo_trl.AdaptiveKLController(
+        init=a.kl_coef, target=a.kl_target, min=a.kl_coef_min, max=a.kl_coef_max
+    )
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cleanrl-path", required=True, help="local checkout of vwxyzjn/cleanrl (or the file)")
+    p.add_argument("--env-id", default="Hopper-v4")
+    p.add_argument("--total-timesteps", type=int, default=8192)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--micro-blocks", type=int, default=20)
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_speed"))
+    p.add_argument("--skip-e2e", action="store_true")
+    args = p.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        micro = update_microbench(args)
+        if args.skip_e2e:
+            e2e_res, patches = {}, []
+        else:
+            e2e_res, patches, _ = e2e(args, tmp)
+
+    med = {n: {k: (statistics.median(v) if v else None) for k, v in r.items()} for n, r in e2e_res.items()}
+    ratios = {}
+    if med:
+        c = med["cleanrl_ppo_64"]["sps"]
+        for n in med:
+            ratios[f"{n}_sps_over_cleanrl"] = med[n]["sps"] / c
+        for w in (64, 256):
+            ratios[f"rgpo_over_ppo_update_time_{w}"] = (
+                med[f"ours_rgpo_{w}"]["update_time"] / med[f"ours_ppo_{w}"]["update_time"]
+            )
+    result = {
+        "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]).replace(args.cleanrl_path, "<cleanrl>"),
+        "env_id": args.env_id,
+        "total_timesteps": args.total_timesteps,
+        "rounds": args.rounds,
+        "cleanrl_patches": patches,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "loadavg_at_end": os.getloadavg()},
+        "e2e_median": med,
+        "e2e_all": e2e_res,
+        "ratios": ratios,
+        "update_microbench": micro,
+    }  # fmt: skip
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+    lines = [
+        "# MuJoCo speed benchmark",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Env {args.env_id}, {args.total_timesteps} steps per run, {args.rounds} interleaved rounds, "
+        f"OMP_NUM_THREADS=1; machine: {result['machine']['platform']}, {os.cpu_count()} CPUs "
+        f"(load average at end {', '.join(f'{x:.1f}' for x in os.getloadavg())}).",
+        "",
+    ]
+    if med:
+        lines += [
+            "| variant | SPS (median) | SPS / CleanRL | rollout s/iter | update s/iter |",
+            "|---|---|---|---|---|",
+        ]
+        for n, m in med.items():
+            ro = f"{m['rollout_time']:.2f}" if m["rollout_time"] else "-"
+            up = f"{m['update_time']:.2f}" if m["update_time"] else "-"
+            lines.append(f"| {n} | {m['sps']:.0f} | {ratios[f'{n}_sps_over_cleanrl']:.2f}x | {ro} | {up} |")
+        lines += ["", "RGPO/PPO per-iteration update time (end-to-end runs): "
+                  + ", ".join(f"width {w}: {ratios[f'rgpo_over_ppo_update_time_{w}']:.3f}" for w in (64, 256)), ""]  # fmt: skip
+        lines += ["CleanRL fixes applied (gymnasium 1.x):", *[f"- {d}" for d in patches], ""]
+    lines += [
+        "RGPO/PPO update-step time, interleaved in-process microbenchmark (one epoch = 32 mini-batch steps):",
+        "",
+    ]
+    lines += ["| width | PPO epoch ms | RGPO epoch ms | RGPO/PPO (ratio of medians) | RGPO/PPO (paired median) |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for w, m in micro.items():
+        lines.append(
+            f"| {w} | {m['ppo_epoch_s_median'] * 1e3:.1f} | {m['rgpo_epoch_s_median'] * 1e3:.1f} | "
+            f"{m['rgpo_over_ppo_median']:.3f} | {m['rgpo_over_ppo_paired_median']:.3f} |"
+        )
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
