@@ -1,0 +1,145 @@
+"""RGPOConfig: paper defaults, help metadata, and ValueError (naming the field) for invalid or contradictory
+settings. No model is built here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from transformers import HfArgumentParser
+from trl import GRPOConfig
+
+from rgpo_trl import RGPOConfig
+from rgpo_trl.gates import SigmoidGate
+
+RGPO_FIELDS = [
+    "gate",
+    "gate_k",
+    "gate_c",
+    "gate_temperature",
+    "gate_eps",
+    "ratio_mode",
+    "kl_coef",
+    "kl_target",
+    "kl_coef_min",
+    "kl_coef_max",
+    "adaptive_kl",
+    "beta",
+    "num_iterations",
+    "loss_type",
+    "use_bias_correction_kl",
+]
+
+
+def make(tmp_path, **kwargs) -> RGPOConfig:
+    return RGPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **kwargs)
+
+
+def test_paper_defaults(tmp_path):
+    config = make(tmp_path)
+    assert isinstance(config, GRPOConfig)
+    assert (config.gate, config.gate_k, config.ratio_mode) == ("sigmoid", 5.0, "dual")
+    assert (config.kl_coef, config.kl_target, config.kl_coef_min, config.kl_coef_max) == (
+        0.5,
+        0.02,
+        0.01,
+        5.0,
+    )
+    assert config.adaptive_kl is True
+    assert config.beta == 0.05
+    assert config.num_iterations == 2
+    assert config.loss_type == "dapo"
+    assert config.use_bias_correction_kl is False
+    gate = config.make_gate()
+    assert isinstance(gate, SigmoidGate) and gate.params == {"k": 5.0}
+
+
+def test_every_rgpo_field_has_help(tmp_path):
+    fields = {f.name: f for f in dataclasses.fields(RGPOConfig)}
+    for name in RGPO_FIELDS:
+        assert fields[name].metadata.get("help"), name
+    assert "dapo" in fields["loss_type"].metadata["help"]
+
+
+@pytest.mark.parametrize(
+    ("gate", "field", "value", "params"),
+    [
+        ("sigmoid", "gate_k", 3.0, {"k": 3.0}),
+        ("clipped_linear", "gate_c", 1.5, {"c": 1.5}),
+        ("temperature", "gate_temperature", 2.0, {"temperature": 2.0}),
+        ("ppo_clip", "gate_eps", 0.1, {"eps": 0.1}),
+        ("is", "gate_k", 5.0, {}),
+    ],
+)
+def test_make_gate_uses_the_gate_parameter_field(tmp_path, gate, field, value, params):
+    config = make(tmp_path, gate=gate, **{field: value})
+    built = config.make_gate()
+    assert built.name == gate and built.params == params
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"gate": "tanh"}, "gate"),
+        ({"gate_k": 0.0}, "gate_k"),
+        ({"gate_c": -1.0}, "gate_c"),
+        ({"gate_temperature": float("nan")}, "gate_temperature"),
+        ({"gate_eps": 1.5}, "gate_eps"),
+        ({"ratio_mode": "both"}, "ratio_mode"),
+        ({"kl_coef": 0.0}, "kl_coef"),
+        ({"kl_coef": 10.0}, "kl_coef"),
+        ({"kl_target": -0.02}, "kl_target"),
+        ({"kl_coef_min": 1.0, "kl_coef_max": 0.5}, "kl_coef_min"),
+        ({"kl_coef_max": float("inf")}, "kl_coef_max"),
+        ({"beta": -0.1}, "beta"),
+        ({"beta": 0.0}, "beta"),  # with the default ratio_mode="dual"
+        ({"beta": 0.0, "ratio_mode": "ref"}, "beta"),
+        ({"num_iterations": 0}, "num_iterations"),
+        ({"loss_type": "grpo"}, "loss_type"),
+        ({"loss_type": "bnpo"}, "loss_type"),
+        ({"importance_sampling_level": "batch"}, "importance_sampling_level"),
+        ({"delta": 1.5}, "delta"),
+        ({"use_bias_correction_kl": True}, "use_bias_correction_kl"),
+        ({"off_policy_mask_threshold": 0.5}, "off_policy_mask_threshold"),
+        ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
+        ({"entropy_coef": 0.01}, "entropy_coef"),
+        ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
+        ({"use_vllm": True}, "vllm_importance_sampling_correction"),
+    ],
+)
+def test_invalid_or_contradictory_values_raise_naming_the_field(tmp_path, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        make(tmp_path, **kwargs)
+
+
+def test_beta_zero_is_allowed_with_the_old_ratio(tmp_path):
+    config = make(tmp_path, beta=0.0, ratio_mode="old")
+    assert config.beta == 0.0
+
+
+def test_sequence_level_is_accepted(tmp_path):
+    assert make(tmp_path, importance_sampling_level="sequence").importance_sampling_level == "sequence"
+
+
+def test_command_line_parsing(tmp_path):
+    (config,) = HfArgumentParser(RGPOConfig).parse_args_into_dataclasses(
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--ratio_mode",
+            "old",
+            "--gate_k",
+            "3",
+            "--kl_target",
+            "0.05",
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "true",
+        ]
+    )
+    assert (config.ratio_mode, config.gate_k, config.kl_target, config.beta) == ("old", 3.0, 0.05, 0.05)
+    with pytest.raises(SystemExit):  # argparse `choices` from the field metadata
+        HfArgumentParser(RGPOConfig).parse_args_into_dataclasses(
+            ["--output_dir", str(tmp_path), "--ratio_mode", "both"]
+        )
