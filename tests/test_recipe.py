@@ -1,0 +1,182 @@
+"""The HH-RLHF recipe: presets, launch configs, offline failure, end-to-end runs of every method."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "hh_rlhf_qwen.py"
+CONFIGS = ROOT / "recipes" / "accelerate_configs"
+
+
+def _load_recipe():
+    spec = importlib.util.spec_from_file_location("hh_rlhf_qwen", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+recipe = _load_recipe()
+
+
+@pytest.fixture(scope="session")
+def quick_assets():
+    """The small tiny-HH assets (built once per machine into the cache, like the demo's)."""
+    from rgpo_trl.tiny_hh import build_tiny_assets
+
+    return build_tiny_assets(quick=True, verbose=False)
+
+
+def _parse_paper(tmp_path, *extra):
+    # bf16 needs a GPU; --use_cpu lets the paper's config be built (and checked) on this CPU machine
+    argv = ["--preset", "paper", "--use_cpu", "true", "--output_dir", str(tmp_path), *extra]
+    return recipe.parse_args(argv, check_hub=False)
+
+
+def test_paper_preset_resolves_to_the_papers_hyperparameters(tmp_path):
+    script, train, model = _parse_paper(tmp_path)
+    assert model.model_name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert script.reward_model_name_or_path == "OpenAssistant/reward-model-deberta-v3-large-v2"
+    assert script.dataset_name == "Anthropic/hh-rlhf" and script.dataset_data_dir == "helpful-base"
+    assert script.dataset_split == "train"
+    assert train.per_device_train_batch_size // train.num_generations == 4  # 4 prompts
+    assert train.num_generations == 4  # K = 4 completions per prompt
+    assert train.gradient_accumulation_steps == 1
+    assert train.learning_rate == 1e-6
+    assert script.max_prompt_length == 256 and train.max_completion_length == 256
+    assert script.num_rl_iterations == 400
+    assert (script.window_start, script.window_end) == (300, 400)
+    assert train.beta == 0.05  # beta_ref
+    assert train.gate == "sigmoid" and train.gate_k == 5.0 and train.ratio_mode == "dual"
+    assert (train.kl_coef, train.kl_target, train.kl_coef_min, train.kl_coef_max) == (0.5, 0.02, 0.01, 5.0)
+    assert train.bf16 is True and model.dtype == "bfloat16"
+    assert train.num_iterations == 2
+    assert type(train).__name__ == "RGPOConfig"
+
+
+@pytest.mark.parametrize(
+    "method,loss_type,beta,config",
+    [("grpo", "grpo", 0.0, "GRPOConfig"), ("ppo_clip_kl", "dapo", 0.05, "GRPOConfig"),
+     ("sapo", "sapo", 0.05, "GRPOConfig"), ("rgpo", "dapo", 0.05, "RGPOConfig")],
+)
+def test_methods_share_everything_but_the_loss(tmp_path, method, loss_type, beta, config):
+    _, train, _ = _parse_paper(tmp_path, "--method", method)
+    _, rgpo, _ = _parse_paper(tmp_path)
+    assert type(train).__name__ == config
+    assert train.loss_type == loss_type and train.beta == beta
+    for name in ("learning_rate", "per_device_train_batch_size", "num_generations", "max_completion_length",
+                 "num_iterations", "temperature", "bf16", "seed"):
+        assert getattr(train, name) == getattr(rgpo, name), name
+
+
+def test_cli_and_yaml_override_the_preset(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"preset": "paper", "learning_rate": 5e-7, "gate_k": 3.0}))
+    argv = ["--config", str(cfg), "--gate_k", "4", "--use_cpu", "true", "--output_dir", str(tmp_path)]
+    script, train, _ = recipe.parse_args(argv, check_hub=False)
+    assert script.preset == "paper" and train.learning_rate == 5e-7 and train.gate_k == 4.0
+
+
+@pytest.mark.parametrize("bad", [["--method", "dpo"], ["--preset", "huge"]])
+def test_bad_preset_or_method_is_refused(tmp_path, bad):
+    with pytest.raises(ValueError, match="method|preset"):
+        recipe.parse_args(bad + ["--output_dir", str(tmp_path)], check_hub=False)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_launch_configs_load(path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(path))
+    raw = yaml.safe_load(path.read_text())
+    assert config.distributed_type.value == raw["distributed_type"]
+    assert config.num_processes == raw["num_processes"]
+    if "zero" in path.name:
+        assert config.deepspeed_config["zero_stage"] == int(path.stem[-1])
+
+
+def test_expected_launch_configs_exist():
+    names = {p.name for p in CONFIGS.glob("*.yaml")}
+    assert {"single_gpu.yaml", "multi_gpu.yaml", "deepspeed_zero2.yaml", "deepspeed_zero3.yaml"} <= names
+
+
+def test_hub_id_offline_fails_before_training_with_actionable_message(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run(
+        [sys.executable, str(RECIPE), "--preset", "paper", "--output_dir", str(tmp_path / "out")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "Qwen/Qwen2.5-1.5B-Instruct" in proc.stderr and "--preset tiny" in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def _tiny_argv(assets_root, out, method, iterations=2, extra=()):
+    return ["--preset", "tiny", "--tiny_quick", "--method", method, "--output_dir", str(out),
+            "--num_rl_iterations", str(iterations), "--max_completion_length", "8", "--disable_tqdm", "true",
+            "--save_strategy", "no", *extra]
+
+
+@pytest.mark.parametrize("method", ["rgpo", "grpo", "ppo_clip_kl", "sapo"])
+def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method):
+    summary = recipe.main(_tiny_argv(quick_assets.root, tmp_path, method))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["iteration"] for r in rows] == [1, 1, 2, 2]
+    generation_rows = rows[::2]
+    for r in generation_rows:
+        assert isinstance(r["reward"], float) and isinstance(r["rewards/gold/mean"], float)
+        assert r["kl_ref/monitor"] >= 0  # logged for every method, GRPO included
+    assert generation_rows[0]["kl_ref/monitor"] == pytest.approx(0.0, abs=1e-6)  # pi_old == ref at start
+    assert (tmp_path / "metrics.csv").exists() and summary["method"] == method
+    assert summary["window"] == [1, 2] and summary["world_size"] == 1
+    if method == "rgpo":
+        assert "rgpo/kl_old_iteration" in rows[1] and "rgpo/gate_mean" in rows[0]
+    else:
+        assert not any(k.startswith("rgpo/") for r in rows for k in r)
+    if method == "grpo":  # GRPO is trained without a reference penalty: TRL logs no "kl"
+        assert not any("kl" in r for r in rows)
+
+
+def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
+    """The reference model exists only for the KL_ref metric: GRPO's loss keeps beta = 0."""
+    import rgpo_trl.rlhf_methods as methods
+
+    seen = {}
+    original = methods.GRPOMonitoredTrainer.train
+
+    def train(self, *a, **k):
+        seen.update(beta=self.beta, args_beta=self.args.beta, has_ref=self.ref_model is not None)
+        return original(self, *a, **k)
+
+    methods.GRPOMonitoredTrainer.train = train
+    try:
+        recipe.main(_tiny_argv(quick_assets.root, tmp_path, "grpo", iterations=1))
+    finally:
+        methods.GRPOMonitoredTrainer.train = original
+    assert seen == {"beta": 0.0, "args_beta": 0.0, "has_ref": True}
+
+
+def _launch_two_processes(config: str, out: Path, quick_assets) -> dict:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config),
+           "--num_processes", "2", str(RECIPE), *_tiny_argv(quick_assets.root, out, "rgpo")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["cpu_ddp_2proc.yaml", "cpu_deepspeed_zero2.yaml", "cpu_deepspeed_zero3.yaml"])
+def test_two_process_runs_on_cpu(tmp_path, quick_assets, config):
+    summary = _launch_two_processes(config, tmp_path, quick_assets)
+    assert summary["world_size"] == 2
+    assert summary["rows_in_window"] > 0 and summary["kl_coef"] > 0
