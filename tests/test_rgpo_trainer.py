@@ -338,7 +338,7 @@ def test_kl_coef_checkpoint_and_resume(model_path, tmp_path):
     saved = json.loads((ckpt / KL_CONTROLLER_FILE).read_text())
     assert saved["value"] == pytest.approx(0.25) and saved["num_updates"] == 1
     card = (tmp_path / "full" / "README.md").read_text()
-    assert "rgpo" in card
+    assert "- rgpo" in card  # model card tag (YAML list)
 
     resumed = make_trainer(model_path, tmp_path / "resumed", **common)
     records = attach_recorder(resumed)
