@@ -122,7 +122,10 @@ def e2e(args, tmp):
                 tmp,
             )  # fmt: skip
     names = list(variants)
-    results = {n: {"sps": [], "wall": [], "update_time": [], "rollout_time": []} for n in names}
+    results = {
+        n: {"sps": [], "wall": [], "update_time": [], "rollout_time": [], "run_update_time": []}
+        for n in names
+    }
     for rnd in range(args.rounds):
         order = names[rnd % len(names) :] + names[: rnd % len(names)]
         for name in order:
@@ -142,6 +145,9 @@ def e2e(args, tmp):
                     rows = list(csv.DictReader(f))
                 results[name]["update_time"] += [float(r["update_time"]) for r in rows]
                 results[name]["rollout_time"] += [float(r["rollout_time"]) for r in rows]
+                results[name]["run_update_time"].append(
+                    statistics.median(float(r["update_time"]) for r in rows)
+                )
             results[name]["sps"].append(sps)
             print(f"round {rnd} {name:16s} SPS {sps:7.1f}  wall {wall:6.1f}s", flush=True)
     return results, [d for d, _, _ in CLEANRL_PATCHES], variants
@@ -254,15 +260,17 @@ def main():
             e2e_res, patches, _ = e2e(args, tmp)
 
     med = {n: {k: (statistics.median(v) if v else None) for k, v in r.items()} for n, r in e2e_res.items()}
-    ratios = {}
+    # ratios are paired within a round (the variants of one round ran back to back), then the median
+    # over rounds is taken: the machine load drifts between rounds much more than within one
+    ratios, per_round = {}, {}
     if med:
-        c = med["cleanrl_ppo_64"]["sps"]
+        c = e2e_res["cleanrl_ppo_64"]["sps"]
         for n in med:
-            ratios[f"{n}_sps_over_cleanrl"] = med[n]["sps"] / c
+            per_round[f"{n}_sps_over_cleanrl"] = [x / y for x, y in zip(e2e_res[n]["sps"], c, strict=True)]
         for w in (64, 256):
-            ratios[f"rgpo_over_ppo_update_time_{w}"] = (
-                med[f"ours_rgpo_{w}"]["update_time"] / med[f"ours_ppo_{w}"]["update_time"]
-            )
+            rg, pp = e2e_res[f"ours_rgpo_{w}"]["run_update_time"], e2e_res[f"ours_ppo_{w}"]["run_update_time"]
+            per_round[f"rgpo_over_ppo_update_time_{w}"] = [x / y for x, y in zip(rg, pp, strict=True)]
+        ratios = {k: statistics.median(v) for k, v in per_round.items()}
     result = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]).replace(args.cleanrl_path, "<cleanrl>"),
         "env_id": args.env_id,
@@ -274,6 +282,7 @@ def main():
         "e2e_median": med,
         "e2e_all": e2e_res,
         "ratios": ratios,
+        "ratios_per_round": per_round,
         "update_microbench": micro,
     }  # fmt: skip
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -290,15 +299,23 @@ def main():
     ]
     if med:
         lines += [
-            "| variant | SPS (median) | SPS / CleanRL | rollout s/iter | update s/iter |",
-            "|---|---|---|---|---|",
+            "| variant | SPS (median) | SPS / CleanRL (median of per-round ratios) | per round | rollout s/iter "
+            "| update s/iter |",
+            "|---|---|---|---|---|---|",
         ]
         for n, m in med.items():
             ro = f"{m['rollout_time']:.2f}" if m["rollout_time"] else "-"
             up = f"{m['update_time']:.2f}" if m["update_time"] else "-"
-            lines.append(f"| {n} | {m['sps']:.0f} | {ratios[f'{n}_sps_over_cleanrl']:.2f}x | {ro} | {up} |")
-        lines += ["", "RGPO/PPO per-iteration update time (end-to-end runs): "
-                  + ", ".join(f"width {w}: {ratios[f'rgpo_over_ppo_update_time_{w}']:.3f}" for w in (64, 256)), ""]  # fmt: skip
+            pr = ", ".join(f"{x:.2f}" for x in per_round[f"{n}_sps_over_cleanrl"])
+            lines.append(
+                f"| {n} | {m['sps']:.0f} | {ratios[f'{n}_sps_over_cleanrl']:.2f}x | {pr} | {ro} | {up} |"
+            )
+        lines += ["", "RGPO/PPO per-iteration update time, end-to-end runs (median over rounds of the ratio of "
+                  "run medians):", ""]  # fmt: skip
+        for w in (64, 256):
+            pr = ", ".join(f"{x:.2f}" for x in per_round[f"rgpo_over_ppo_update_time_{w}"])
+            lines.append(f"- width {w}: {ratios[f'rgpo_over_ppo_update_time_{w}']:.3f} (per round: {pr})")
+        lines.append("")
         lines += ["CleanRL fixes applied (gymnasium 1.x):", *[f"- {d}" for d in patches], ""]
     lines += [
         "RGPO/PPO update-step time, interleaved in-process microbenchmark (one epoch = 32 mini-batch steps):",
