@@ -221,6 +221,18 @@ def gold_components(prompt: Any, completion: Any) -> dict[str, float]:
             "repetition": repetition, "length_penalty": length_penalty}
 
 
+def gold_reward_func(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+    """:func:`gold_score` as a TRL ``reward_funcs`` entry (metric name ``gold``).
+
+    Give it weight 0 in ``reward_weights`` to *log* the true quality next to the proxy reward
+    (``rewards/gold/mean``) without training on it: the gap shows reward-model over-optimisation.
+    """
+    return [gold_score(p, c) for p, c in zip(prompts, completions, strict=True)]
+
+
+gold_reward_func.__name__ = "gold"
+
+
 def gold_score(prompt: Any, completion: Any) -> float:
     """Gold quality of ``completion`` as a response to ``prompt``.
 
@@ -690,10 +702,13 @@ def build_tiny_assets(cache_dir: str | os.PathLike | None = None, *, force: bool
             "versions": _versions(), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         tmp_assets.build_info_file.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, target)
+        if assets.exists() and not force:
+            log("another process finished the same build first; keeping its assets")
+        else:
+            if target.exists():
+                shutil.rmtree(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, target)
         log(f"done in {info['build_time_s']}s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

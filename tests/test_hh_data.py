@@ -187,3 +187,19 @@ def test_ensure_loadable_local_paths(tmp_path):
         ensure_loadable("./no/such/dir")
     with pytest.raises(ValueError):
         ensure_loadable(str(tmp_path), kind="space")
+
+
+def test_offline_but_cached_hub_id_is_accepted(monkeypatch, tmp_path):
+    """An offline machine with a pre-downloaded snapshot must not be refused."""
+    import huggingface_hub.constants as hf_constants
+
+    snap = tmp_path / "models--fake-owner--fake-model"
+    (snap / "refs").mkdir(parents=True)
+    (snap / "refs" / "main").write_text("a" * 40)
+    (snap / "snapshots" / ("a" * 40)).mkdir(parents=True)
+    (snap / "snapshots" / ("a" * 40) / "config.json").write_text("{}")
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert ensure_loadable("fake-owner/fake-model", kind="model") == "fake-owner/fake-model"
+    with pytest.raises(HubUnavailableError, match="fake-owner/not-cached"):
+        ensure_loadable("fake-owner/not-cached", kind="model")

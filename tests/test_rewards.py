@@ -10,7 +10,13 @@ import torch
 from rgpo_trl.hub_access import HubUnavailableError
 from rgpo_trl.rewards import PairwiseRewardModel
 
-torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 QUESTIONS = ["How do I boil an egg?", "What is the best way to prune roses?", "Any tips to save money?",
              "How do I learn guitar?", "Why is the sky blue?", "Can you help me pack a suitcase?",

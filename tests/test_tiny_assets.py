@@ -27,7 +27,13 @@ from rgpo_trl.tiny_hh import (
     write_jsonl,
 )
 
-torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")
@@ -189,3 +195,23 @@ def test_policy_generates_with_chat_template(quick_assets):
     completion = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     assert out.shape[1] > enc["input_ids"].shape[1] and completion.strip()
     assert isinstance(gold_score(msgs, completion), float)
+
+
+def test_gold_reward_func_is_a_trl_reward_func():
+    from trl.trainer.utils import get_callable_name
+
+    from rgpo_trl.tiny_hh import gold_reward_func
+
+    prompts = [[{"role": "user", "content": "How do I boil an egg?"}]] * 2
+    comps = [[{"role": "assistant", "content": "Sure! Use boiling water."}], [{"role": "assistant", "content": "No."}]]
+    assert get_callable_name(gold_reward_func) == "gold"
+    assert gold_reward_func(prompts=prompts, completions=comps, completion_ids=None) == [
+        pytest.approx(2 / 3 + 1.5), pytest.approx(0.0)]
+
+
+def test_cli_prints_paths_and_build_info(quick_assets, capsys):
+    assert tiny_hh.main(["--quick", "--cache-dir", str(_cache_arg(quick_assets))]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy_dir"] == str(quick_assets.policy_dir)
+    assert out["reward_model_dir"] == str(quick_assets.reward_model_dir)
+    assert out["build_info"]["rm_heldout_pairwise_accuracy"] == quick_assets.build_info["rm_heldout_pairwise_accuracy"]
