@@ -307,7 +307,14 @@ def main(argv: list[str] | None = None) -> dict:
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    reward_model.to(trainer.accelerator.device)
+    if trainer.is_deepspeed_enabled:
+        # Under ZeRO-3 the reward model was loaded partitioned (zero.Init); like GRPOTrainer does for
+        # its own reward models, run it through a DeepSpeed inference engine.
+        from trl.models.utils import prepare_deepspeed
+
+        reward_model.model = prepare_deepspeed(reward_model.model, trainer.accelerator)
+    else:
+        reward_model.to(trainer.accelerator.device)
     trainer.add_callback(
         IterationMetricsWriter(training_args.output_dir, steps_per_iteration, window, script_args.method)
     )
