@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 DEFAULT_SEED = 1234
 CACHE_ENV = "RGPO_TRL_CACHE"
 
@@ -360,15 +360,24 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 POLICY_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 RM_SPECIAL = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 
 
 def train_bpe(texts: Sequence[str], vocab_size: int):
     """A byte-level BPE ``tokenizers.Tokenizer`` holding both policy and reward-model special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+    # The exact normalizer / pre-tokenizer of transformers' Qwen2Tokenizer, which rebuilds them when
+    # AutoTokenizer loads the policy directory (model_type qwen2): training and loading must agree.
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=POLICY_SPECIAL + RM_SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -666,6 +675,7 @@ def build_tiny_assets(cache_dir: str | os.PathLike | None = None, *, force: bool
         from rgpo_trl.hh_data import hh_text_to_prompt
 
         texts += [make_policy_tokenizer_template_text(hh_text_to_prompt(r["chosen"])) for r in train_rows[:200]]
+        texts += [" ".join(str(i) for i in range(2100))] * 4  # digits, so the tokenizer knows numbers
         bpe = train_bpe(texts, s.vocab_size)
         pol_tok, rm_tok = make_policy_tokenizer(bpe), make_rm_tokenizer(bpe)
         log(f"tokenizer: {len(pol_tok)} tokens ({time.time() - t_start:.1f}s)")

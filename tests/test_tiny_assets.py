@@ -215,3 +215,18 @@ def test_cli_prints_paths_and_build_info(quick_assets, capsys):
     assert out["policy_dir"] == str(quick_assets.policy_dir)
     assert out["reward_model_dir"] == str(quick_assets.reward_model_dir)
     assert out["build_info"]["rm_heldout_pairwise_accuracy"] == quick_assets.build_info["rm_heldout_pairwise_accuracy"]
+
+
+def test_saved_tokenizers_load_identically_through_auto_classes(quick_assets):
+    """AutoTokenizer gives Qwen2Tokenizer for the policy dir, which rebuilds its own pre-tokenizer: the ids
+    must still equal those of the trained tokenizer.json (what SFT / RM training used)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    texts = [json.loads(x)["chosen"] for x in quick_assets.test_file.read_text().splitlines()[:50]]
+    texts += ["(hello) \"quoted\" x2024 it's  two  spaces\n\nnew-line!Sure", "Ünïcödé café, naïve 12345"]
+    for d in (quick_assets.policy_dir, quick_assets.reward_model_dir):
+        auto = AutoTokenizer.from_pretrained(d)
+        raw = Tokenizer.from_file(str(d / "tokenizer.json"))
+        for t in texts:
+            assert auto(t, add_special_tokens=False)["input_ids"] == raw.encode(t, add_special_tokens=False).ids, (d, t)
