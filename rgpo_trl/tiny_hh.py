@@ -432,7 +432,7 @@ class BuildSettings:
     rm_train_pairs: int | None = None  # first N training rows for the reward model (None: all)
 
 
-FULL = BuildSettings(n_train=6000, n_test=600, vocab_size=2048, sft_epochs=1, sft_batch_size=16, sft_lr=4e-3,
+FULL = BuildSettings(n_train=6000, n_test=600, vocab_size=2048, sft_epochs=2, sft_batch_size=20, sft_lr=4e-3,
                      rm_epochs=1, rm_batch_size=32, rm_lr=2e-3, rm_train_pairs=4000)
 QUICK = BuildSettings(n_train=800, n_test=200, vocab_size=1024, sft_epochs=1, sft_batch_size=32, sft_lr=5e-3,
                       rm_epochs=2, rm_batch_size=32, rm_lr=3e-3, n_policy_samples=16)
