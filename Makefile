@@ -6,7 +6,7 @@ TORCH_CPU ?= torch==2.13.0
 EXTRAS ?= all
 STAMP := .install.stamp
 
-.PHONY: install demo test test-slow lint bench clean
+.PHONY: install demo core-demo test test-slow lint clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_CPU)"
@@ -15,7 +15,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The main job on the embedded default: build the tiny offline assets (cached in $$RGPO_TRL_CACHE or
+# ~/.cache/rgpo_trl) if missing, then the HH-RLHF recipe with the tiny preset on one CPU process.
 demo: $(STAMP)
+	$(PYTHON) -m rgpo_trl.tiny_hh
+	$(PYTHON) -m accelerate.commands.launch --config_file recipes/accelerate_configs/cpu.yaml \
+		recipes/hh_rlhf_qwen.py --preset tiny $(DEMO_ARGS)
+
+core-demo: $(STAMP)
 	$(PYTHON) examples/core_demo.py
 
 test: $(STAMP)
