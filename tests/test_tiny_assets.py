@@ -230,3 +230,27 @@ def test_saved_tokenizers_load_identically_through_auto_classes(quick_assets):
         raw = Tokenizer.from_file(str(d / "tokenizer.json"))
         for t in texts:
             assert auto(t, add_special_tokens=False)["input_ids"] == raw.encode(t, add_special_tokens=False).ids, (d, t)
+
+
+def test_grpo_trainer_step_with_pairwise_reward_and_gold_metric(quick_assets, tmp_path):
+    """The pieces fit TRL: tiny policy + tiny HH prompts + PairwiseRewardModel + gold logged at weight 0."""
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rgpo_trl.rewards import PairwiseRewardModel
+    from rgpo_trl.tiny_hh import gold_reward_func
+
+    tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir)
+    ds, _ = load_hh_helpful_prompts(str(quick_assets.data_dir), split="train", tokenizer=tok,
+                                    max_prompt_length=128, max_rows=8)
+    rm = PairwiseRewardModel(str(quick_assets.reward_model_dir), name="tiny_rm")
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=16, max_steps=1, logging_steps=1, report_to="none", use_cpu=True,
+                      reward_weights=[1.0, 0.0], disable_tqdm=True, save_strategy="no", seed=0)
+    trainer = GRPOTrainer(model=str(quick_assets.policy_dir), reward_funcs=[rm, gold_reward_func], args=args,
+                          train_dataset=ds, processing_class=tok)
+    rm.to(trainer.accelerator.device)
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    assert "rewards/tiny_rm/mean" in logs and "rewards/gold/mean" in logs
+    assert logs["reward"] == pytest.approx(logs["rewards/tiny_rm/mean"], rel=1e-4, abs=1e-4)  # gold has weight 0
