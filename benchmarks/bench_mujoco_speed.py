@@ -165,7 +165,52 @@ def update_microbench(args):
     out = {}
     for width in (64, 256):
         out[width] = _microbench_width(width, ppo_mod, rgpo_mod, args.micro_blocks)
+    out["loss_only"] = _microbench_loss(ppo_mod, rgpo_mod, args.micro_blocks)
     return out
+
+
+def _microbench_loss(ppo_mod, rgpo_mod, blocks, calls=200):
+    """Policy loss alone (forward + backward on 64 log-probs): where RGPO's extra time comes from.
+
+    ``rgpo_terms_only`` is the library's per-sample terms reduced to the same loss without the
+    diagnostics dict, i.e. what a diagnostics-free ``rgpo_loss`` would cost (not used by the scripts)."""
+    import torch
+
+    import rgpo_trl
+
+    torch.manual_seed(0)
+    x = torch.randn(64, requires_grad=True)
+    old, adv = torch.randn(64) * 0.01, torch.randn(64)
+    gate = rgpo_trl.make_gate("sigmoid", k=5.0)
+
+    def ppo():
+        loss, st = ppo_mod.ppo_policy_loss(x * 0.1, old, adv, 0.2)
+        loss.backward()
+
+    def rgpo():
+        loss, st = rgpo_mod.rgpo_policy_loss(x * 0.1, old, adv, gate, 0.5)
+        loss.backward()
+
+    def rgpo_terms_only():
+        t = rgpo_trl.rgpo_terms(x * 0.1, old, gate)
+        loss = (-t.gate * adv + 0.5 * t.kl_old).mean()
+        loss.backward()
+        torch.stack([t.kl_old.detach().mean(), rgpo_trl.effective_sample_size(t.weight)])
+
+    fns = {"ppo": ppo, "rgpo": rgpo, "rgpo_terms_only": rgpo_terms_only}
+    times = {k: [] for k in fns}
+    for block in range(blocks):
+        names = list(fns)
+        for name in names[block % 3 :] + names[: block % 3]:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fns[name]()
+            times[name].append((time.perf_counter() - t0) / calls)
+    res = {f"{k}_us_median": statistics.median(v) * 1e6 for k, v in times.items()}
+    res["rgpo_over_ppo"] = res["rgpo_us_median"] / res["ppo_us_median"]
+    res["rgpo_terms_only_over_ppo"] = res["rgpo_terms_only_us_median"] / res["ppo_us_median"]
+    print(f"loss-only microbench: {res}", flush=True)
+    return res
 
 
 def _microbench_width(width, ppo_mod, rgpo_mod, blocks):
@@ -324,10 +369,20 @@ def main():
     lines += ["| width | PPO epoch ms | RGPO epoch ms | RGPO/PPO (ratio of medians) | RGPO/PPO (paired median) |",
               "|---|---|---|---|---|"]  # fmt: skip
     for w, m in micro.items():
+        if w == "loss_only":
+            continue
         lines.append(
             f"| {w} | {m['ppo_epoch_s_median'] * 1e3:.1f} | {m['rgpo_epoch_s_median'] * 1e3:.1f} | "
             f"{m['rgpo_over_ppo_median']:.3f} | {m['rgpo_over_ppo_paired_median']:.3f} |"
         )
+    lo = micro["loss_only"]
+    lines += [
+        "",
+        "Policy loss alone (forward + backward, 64 samples), interleaved: "
+        f"PPO {lo['ppo_us_median']:.0f} us, RGPO (`rgpo_trl.rgpo_loss`) {lo['rgpo_us_median']:.0f} us "
+        f"({lo['rgpo_over_ppo']:.2f}x), library terms without the diagnostics dict "
+        f"{lo['rgpo_terms_only_us_median']:.0f} us ({lo['rgpo_terms_only_over_ppo']:.2f}x).",
+    ]
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
