@@ -168,7 +168,11 @@ def test_rgpo_backstop_leaves_epoch_loop(tmp_path):
 @pytest.mark.parametrize("gate", ["clipped_linear", "temperature"])
 def test_rgpo_gate_ablations(gate, tmp_path):
     module = load("rgpo")
-    module.main(small_args(module, tmp_path, gate, total_timesteps=128, num_steps=128, gate=gate))
+    # v5 ids work as well as the paper's v4
+    env_id = "Hopper-v5" if gate == "temperature" else "Hopper-v4"
+    module.main(
+        small_args(module, tmp_path, gate, total_timesteps=128, num_steps=128, gate=gate, env_id=env_id)
+    )
     row = read_rows(tmp_path / gate)[0]
     assert math.isfinite(row["ess"]) and 0 < row["ess"] <= 1
     assert json.load(open(tmp_path / gate / "config.json"))["gate"] == gate
@@ -248,3 +252,18 @@ def test_env_resets_explicitly_without_fake_transitions():
 def test_rgpo_script_imports_library_loss():
     src = open(os.path.join(ROOT, "mujoco_baselines", "rgpo_continuous_action.py")).read()
     assert "rgpo_trl.rgpo_loss(" in src and "def rgpo_loss" not in src
+
+
+@pytest.mark.skipif(
+    not os.environ.get("CLEANRL_PATH"), reason="set CLEANRL_PATH to a vwxyzjn/cleanrl checkout"
+)
+def test_cleanrl_gymnasium1_patches_apply():
+    spec = importlib.util.spec_from_file_location(
+        "bench", os.path.join(ROOT, "benchmarks", "bench_mujoco_speed.py")
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    src = open(bench.find_cleanrl_file(os.environ["CLEANRL_PATH"])).read()
+    patched = bench.patch_cleanrl(src)
+    assert "AutoresetMode.SAME_STEP" in patched and "env.observation_space)" in patched
+    compile(patched, "ppo_continuous_action.py", "exec")
