@@ -62,6 +62,12 @@ class Gate(ABC):
     def weight_from_log_ratio(self, log_ratio: torch.Tensor) -> torch.Tensor:
         """w = g'(r) r at r = exp(log_ratio), closed form."""
 
+    def value_and_weight(self, log_ratio: torch.Tensor, ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, detached w) from an already clamped log-ratio and ``ratio = exp(log_ratio)``.
+
+        The loss's hot path: gates override it to share ``ratio`` between g and w."""
+        return self.from_log_ratio(log_ratio), self.weight_from_log_ratio(log_ratio.detach())
+
     @property
     @abstractmethod
     def params(self) -> dict[str, float]:
@@ -99,6 +105,12 @@ class SigmoidGate(Gate):
         r = torch.exp(clamp_log_ratio(log_ratio))
         s = torch.sigmoid(self.k * (r - 1.0))
         return self.k * s * (1.0 - s) * r
+
+    def value_and_weight(self, log_ratio: torch.Tensor, ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.sigmoid(self.k * (ratio - 1.0))
+        with torch.no_grad():
+            w = self.k * g * (1.0 - g) * ratio
+        return g, w
 
 
 class ClippedLinearGate(Gate):
@@ -162,6 +174,9 @@ class ImportanceSamplingGate(Gate):
 
     def weight_from_log_ratio(self, log_ratio: torch.Tensor) -> torch.Tensor:
         return torch.exp(clamp_log_ratio(log_ratio))
+
+    def value_and_weight(self, log_ratio: torch.Tensor, ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ratio, ratio.detach()
 
 
 class PPOClipGate(Gate):

@@ -68,6 +68,8 @@ class RGPOTerms:
     log_ratio_old: torch.Tensor  # detached
     log_ratio_ref: torch.Tensor | None  # detached
     log_ratio: torch.Tensor  # the gated log-ratio (after the ratio mode), detached
+    ratio_old: torch.Tensor  # r_old (clamped), detached
+    ratio_ref: torch.Tensor | None  # r_ref (clamped), detached
 
 
 def rgpo_terms(
@@ -79,35 +81,45 @@ def rgpo_terms(
     ratio_mode: str = "old",
 ) -> RGPOTerms:
     """Compute the per-element gate, weight and KL terms. ``old_logps=None`` means on-policy
-    (r_old == 1 with the gradient of log pi kept, as TRL does when it does not reuse a batch)."""
+    (r_old == 1 with the gradient of log pi kept, as TRL does when it does not reuse a batch).
+
+    Written for few tensor operations: the loss runs once per mini-batch in the MuJoCo scripts,
+    where tensors are small and the cost is the number of ops, not their size."""
     check_ratio_mode(ratio_mode)
     if old_logps is None:
         old_logps = logps.detach()
     if ratio_mode in ("ref", "dual") and ref_logps is None:
         raise ValueError(f"ratio_mode={ratio_mode!r} needs ref_logps (the reference model's log-probs)")
-    log_ratio_old = logps - old_logps
-    log_ratio_ref = None if ref_logps is None else logps - ref_logps
+    log_ratio_old = clamp_log_ratio(logps - old_logps)
+    expm1_old = torch.expm1(log_ratio_old)
+    ratio_old = expm1_old + 1.0
+    kl_old = expm1_old - log_ratio_old  # r - 1 - log r without cancellation near r = 1
+    log_ratio_ref = ratio_ref = kl_ref = None
+    if ref_logps is not None:
+        log_ratio_ref = clamp_log_ratio(logps - ref_logps)
+        ratio_ref = torch.exp(log_ratio_ref)
+        kl_ref = kl_ref_estimate(logps, ref_logps)
     if ratio_mode == "old":
-        log_ratio = log_ratio_old
+        log_ratio, ratio = log_ratio_old, ratio_old
     elif ratio_mode == "ref":
-        log_ratio = log_ratio_ref
+        log_ratio, ratio = log_ratio_ref, ratio_ref
     else:
         # max(r_old, r_ref) = exp(max(log r_old, log r_ref)); the gradient flows through the
         # larger one, and both share d log pi, so the gradient is w(max r) grad log pi.
         log_ratio = torch.maximum(log_ratio_old, log_ratio_ref)
+        ratio = torch.exp(log_ratio)
+    g, w = gate.value_and_weight(log_ratio, ratio)
     return RGPOTerms(
-        gate=gate.from_log_ratio(log_ratio),
-        weight=gate.weight_from_log_ratio(log_ratio.detach()),
-        kl_old=kl_old_estimate(log_ratio_old),
-        kl_ref=None if ref_logps is None else kl_ref_estimate(logps, ref_logps),
+        gate=g,
+        weight=w,
+        kl_old=kl_old,
+        kl_ref=kl_ref,
         log_ratio_old=log_ratio_old.detach(),
         log_ratio_ref=None if log_ratio_ref is None else log_ratio_ref.detach(),
         log_ratio=log_ratio.detach(),
+        ratio_old=ratio_old.detach(),
+        ratio_ref=None if ratio_ref is None else ratio_ref.detach(),
     )
-
-
-def _masked_sum(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    return x.sum() if mask is None else (x * mask).sum()
 
 
 def _masked_max(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -140,7 +152,7 @@ def rgpo_loss(
         ref_logps: log pi_ref, needed for ``ratio_mode`` ``ref``/``dual`` and ``ref_kl_coef``.
         ref_kl_coef: beta_ref, the fixed KL-to-reference coefficient (paper: 0.05).
         ratio_mode: ``old``, ``ref`` or ``dual`` (r = max(r_old, r_ref)).
-        mask: 1 for valid elements (completion tokens), 0 for padding.
+        mask: 1 for valid elements (completion tokens), 0 for padding; broadcast against ``logps``.
         normalizer: divide masked sums by this instead of the number of valid elements.
 
     Returns:
@@ -154,33 +166,50 @@ def rgpo_loss(
     terms = rgpo_terms(logps, old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode)
     if mask is not None:
         mask = mask.to(logps.dtype)
-    count = torch.as_tensor(float(logps.numel()), device=logps.device) if mask is None else mask.sum()
-    denom = count.clamp_min(1.0) if normalizer is None else normalizer
 
-    advantages = torch.broadcast_to(advantages.to(logps.dtype), logps.shape)
-    per_element = -terms.gate * advantages + kl_coef * terms.kl_old
+    per_element = kl_coef * terms.kl_old - terms.gate * advantages
     if ref_kl_coef:
         per_element = per_element + ref_kl_coef * terms.kl_ref
-    loss = _masked_sum(per_element, mask) / denom
+    if mask is None:
+        count = float(per_element.numel())
+        total = per_element.sum()
+    else:
+        count = mask.sum()
+        total = (per_element * mask).sum()
+    loss = total / (max(count, 1.0) if normalizer is None else normalizer)
 
     with torch.no_grad():
-        n = count.clamp_min(1.0)
-        ratio_old = torch.exp(clamp_log_ratio(terms.log_ratio_old))
-        diagnostics = {
-            "gate_mean": _masked_sum(terms.gate.detach(), mask) / n,
-            "weight_mean": _masked_sum(terms.weight, mask) / n,
-            "ess": effective_sample_size(terms.weight, mask),
-            "kl_old": _masked_sum(terms.kl_old.detach(), mask) / n,
-            "rejected_frac": _masked_sum((terms.gate.detach() < 0.1).to(logps.dtype), mask) / n,
-            "ratio_old_mean": _masked_sum(ratio_old, mask) / n,
-            "ratio_old_max": _masked_max(ratio_old, mask),
-        }
+        # All masked sums in one reduction and one host transfer: the loss runs once per mini-batch,
+        # and on small tensors the cost is the number of ops, not their size.
+        g, w = terms.gate.detach(), terms.weight
+        columns = [g, w, w * w, terms.kl_old.detach(), (g < 0.1).to(g.dtype), terms.ratio_old]
+        maxima = [terms.ratio_old]
         if ref_logps is not None:
-            ratio_ref = torch.exp(clamp_log_ratio(terms.log_ratio_ref))
-            diagnostics["kl_ref"] = _masked_sum(terms.kl_ref.detach(), mask) / n
-            diagnostics["ratio_ref_mean"] = _masked_sum(ratio_ref, mask) / n
-            diagnostics["ratio_ref_max"] = _masked_max(ratio_ref, mask)
+            columns += [terms.kl_ref.detach(), terms.ratio_ref]
+            maxima.append(terms.ratio_ref)
             if ratio_mode == "dual":
-                larger = (terms.log_ratio_ref > terms.log_ratio_old).to(logps.dtype)
-                diagnostics["ref_ratio_larger_frac"] = _masked_sum(larger, mask) / n
-    return loss, {k: v.detach().float() for k, v in diagnostics.items()}
+                columns.append((terms.log_ratio_ref > terms.log_ratio_old).to(g.dtype))
+        stacked = torch.stack(torch.broadcast_tensors(*columns, *maxima))
+        if mask is not None:
+            stacked_mask = mask.expand_as(stacked[0]).bool()
+            sums = (stacked[: len(columns)] * mask).flatten(1).sum(1)
+            tops = torch.where(stacked_mask, stacked[len(columns) :], -torch.inf).flatten(1).amax(1)
+        else:
+            sums = stacked[: len(columns)].flatten(1).sum(1)
+            tops = stacked[len(columns) :].flatten(1).amax(1)
+        values = torch.cat([sums, tops, count.reshape(1) if mask is not None else sums.new_full((1,), count)])
+        *column_sums, n = values.tolist()
+        sums_list, tops_list = column_sums[: len(columns)], column_sums[len(columns) :]
+        n = max(n, 1.0)
+        w_sum, w_sq_sum = sums_list[1], sums_list[2]
+        ess = w_sum * w_sum / (n * w_sq_sum) if w_sq_sum > 0 else 0.0
+        names = ["gate_mean", "weight_mean", None, "kl_old", "rejected_frac", "ratio_old_mean"]
+        if ref_logps is not None:
+            names += ["kl_ref", "ratio_ref_mean"] + (["ref_ratio_larger_frac"] if ratio_mode == "dual" else [])
+        out = {name: v / n for name, v in zip(names, sums_list, strict=True) if name is not None}
+        out["ess"] = ess
+        out["ratio_old_max"] = tops_list[0]
+        if ref_logps is not None:
+            out["ratio_ref_max"] = tops_list[1]
+        diagnostics = dict(zip(out, torch.tensor(list(out.values()), dtype=torch.float32).unbind(), strict=True))
+    return loss, diagnostics
