@@ -176,7 +176,9 @@ def rgpo_loss(
     else:
         count = mask.sum()
         total = (per_element * mask).sum()
-    loss = total / (max(count, 1.0) if normalizer is None else normalizer)
+    if normalizer is None:
+        normalizer = max(count, 1.0) if mask is None else count.clamp_min(1.0)
+    loss = total / normalizer
 
     with torch.no_grad():
         # All masked sums in one reduction and one host transfer: the loss runs once per mini-batch,
@@ -189,12 +191,13 @@ def rgpo_loss(
             maxima.append(terms.ratio_ref)
             if ratio_mode == "dual":
                 columns.append((terms.log_ratio_ref > terms.log_ratio_old).to(g.dtype))
-        stacked = torch.stack(torch.broadcast_tensors(*columns, *maxima))
         if mask is not None:
-            stacked_mask = mask.expand_as(stacked[0]).bool()
+            *broadcast, mask = torch.broadcast_tensors(*columns, *maxima, mask)
+            stacked = torch.stack(broadcast)
             sums = (stacked[: len(columns)] * mask).flatten(1).sum(1)
-            tops = torch.where(stacked_mask, stacked[len(columns) :], -torch.inf).flatten(1).amax(1)
+            tops = torch.where(mask.bool(), stacked[len(columns) :], -torch.inf).flatten(1).amax(1)
         else:
+            stacked = torch.stack(torch.broadcast_tensors(*columns, *maxima))
             sums = stacked[: len(columns)].flatten(1).sum(1)
             tops = stacked[len(columns) :].flatten(1).amax(1)
         values = torch.cat([sums, tops, count.reshape(1) if mask is not None else sums.new_full((1,), count)])

@@ -222,3 +222,22 @@ def test_invalid_loss_arguments_raise():
         rgpo_loss(x, x, x, make_gate("sigmoid"), ratio_mode="dual")
     with pytest.raises(ValueError, match="ref_logps"):
         rgpo_loss(x, x, x, make_gate("sigmoid"), ref_kl_coef=0.05)
+
+
+def test_per_sequence_log_ratios_with_a_token_mask_are_token_weighted():
+    """(B, 1) inputs with a (B, T) mask: each sequence counts once per valid token (the trainer's
+    sequence-level gate), and equals the loss on the inputs expanded to (B, T)."""
+    gen = torch.Generator().manual_seed(5)
+    logps = torch.randn(3, 1, generator=gen).requires_grad_(True)
+    old, ref = logps.detach() + 0.2, logps.detach() - 0.3
+    adv = torch.randn(3, 1, generator=gen)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float64)
+    gate = make_gate("sigmoid")
+    kw = dict(kl_coef=0.3, ratio_mode="dual", mask=mask, ref_kl_coef=0.05)
+    loss, diag = rgpo_loss(logps, old, adv, gate, ref_logps=ref, **kw)
+    expanded = lambda x: x.expand(3, 5)  # noqa: E731
+    loss_e, diag_e = rgpo_loss(expanded(logps), expanded(old), adv, gate, ref_logps=expanded(ref), **kw)
+    torch.testing.assert_close(loss, loss_e)
+    for key in diag:
+        torch.testing.assert_close(diag[key], diag_e[key])
+    assert diag["ref_ratio_larger_frac"].item() == 1.0  # log r_ref = 0.3 > log r_old = -0.2
