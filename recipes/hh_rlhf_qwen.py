@@ -234,14 +234,6 @@ def init_distributed_for_cpu_deepspeed() -> bool:
     return True
 
 
-def gold(prompts, completions, **kwargs) -> list[float]:
-    """Tiny preset only: the generator's gold quality score (logged with weight 0, never optimised),
-    to watch the proxy reward model being over-optimised."""
-    from rgpo_trl.tiny_hh import gold_score
-
-    return [gold_score(p, c) for p, c in zip(prompts, completions, strict=True)]
-
-
 def main(argv: list[str] | None = None) -> dict:
     init_distributed_for_cpu_deepspeed()
     script_args, training_args, model_args = parse_args(argv)
@@ -276,7 +268,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     reward_funcs, reward_weights = [reward_model], [1.0]
     if script_args.preset == "tiny":
-        reward_funcs.append(gold)  # logged as rewards/gold/mean, weight 0: not optimised
+        from rgpo_trl.tiny_hh import gold_reward_func
+
+        # The generator's gold quality score, logged as rewards/gold/mean with weight 0 (never
+        # optimised), to watch the proxy reward model being over-optimised.
+        reward_funcs.append(gold_reward_func)
         reward_weights.append(0.0)
     training_args.reward_weights = reward_weights
     model_init_kwargs = dict(
