@@ -157,7 +157,8 @@ def rgpo_loss(
 
     Returns:
         ``(loss, diagnostics)``; diagnostics are detached 0-dim tensors: ``gate_mean``,
-        ``weight_mean``, ``ess``, ``kl_old``, ``rejected_frac`` (g < 0.1), ``ratio_old_mean``,
+        ``weight_mean``, ``weight_sq_mean`` (mean of w^2: ESS = weight_mean^2 / weight_sq_mean, so
+        ESS over several batches or processes follows from the means), ``ess``, ``kl_old``, ``rejected_frac`` (g < 0.1), ``ratio_old_mean``,
         ``ratio_old_max`` and, with ``ref_logps``, ``kl_ref``, ``ratio_ref_mean``,
         ``ratio_ref_max``; in dual mode ``ref_ratio_larger_frac``.
     """
@@ -206,7 +207,7 @@ def rgpo_loss(
         n = max(n, 1.0)
         w_sum, w_sq_sum = sums_list[1], sums_list[2]
         ess = w_sum * w_sum / (n * w_sq_sum) if w_sq_sum > 0 else 0.0
-        names = ["gate_mean", "weight_mean", None, "kl_old", "rejected_frac", "ratio_old_mean"]
+        names = ["gate_mean", "weight_mean", "weight_sq_mean", "kl_old", "rejected_frac", "ratio_old_mean"]
         if ref_logps is not None:
             names += ["kl_ref", "ratio_ref_mean"] + (["ref_ratio_larger_frac"] if ratio_mode == "dual" else [])
         out = {name: v / n for name, v in zip(names, sums_list, strict=True) if name is not None}

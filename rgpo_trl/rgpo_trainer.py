@@ -39,7 +39,7 @@ from .rgpo_config import RGPOConfig
 KL_CONTROLLER_FILE = "rgpo_kl_controller.json"
 
 # Diagnostics of `rgpo_loss` that are token means (reduced across processes as sum / count) and maxima.
-_MEAN_KEYS = ("gate_mean", "weight_mean", "rejected_frac", "kl_old", "ratio_old_mean")
+_MEAN_KEYS = ("gate_mean", "weight_mean", "weight_sq_mean", "rejected_frac", "kl_old", "ratio_old_mean")
 _REF_MEAN_KEYS = ("kl_ref", "ratio_ref_mean")
 _MAX_KEYS = ("ratio_old_max",)
 _REF_MAX_KEYS = ("ratio_ref_max",)
@@ -247,7 +247,7 @@ class RGPOTrainer(GRPOTrainer):
                 **common,
             )
             loss = seq_loss + kl_loss
-            for key in ("gate_mean", "weight_mean", "ess", "rejected_frac", "ref_ratio_larger_frac"):
+            for key in ("gate_mean", "weight_mean", "weight_sq_mean", "ess", "rejected_frac", "ref_ratio_larger_frac"):
                 if key in seq_diag:
                     diag[key] = seq_diag[key]
         else:
@@ -281,12 +281,12 @@ class RGPOTrainer(GRPOTrainer):
         totals = self.accelerator.reduce(torch.stack(local_sums), reduction="sum")
         global_count = totals[-1]
         means = totals[:-1] / global_count.clamp(min=1.0)
-        # Maxima and the (per-process) ESS, gathered in one call; ESS is averaged over processes.
-        gathered = self.accelerator.gather(
-            torch.stack([diag[k].to(count.device) for k in max_keys] + [diag["ess"].to(count.device)])[None]
-        )
-        maxima = gathered[:, :-1].max(dim=0).values
-        ess = gathered[:, -1].mean()
+        # Maxima over processes; the ESS of all the step's tokens on all processes from the global means
+        # (sum w)^2 / (N sum w^2) = mean(w)^2 / mean(w^2).
+        gathered = self.accelerator.gather(torch.stack([diag[k].to(count.device) for k in max_keys])[None])
+        maxima = gathered.max(dim=0).values
+        w_mean, w_sq_mean = means[mean_keys.index("weight_mean")], means[mean_keys.index("weight_sq_mean")]
+        ess = torch.where(w_sq_mean > 0, w_mean * w_mean / w_sq_mean.clamp(min=1e-30), torch.zeros_like(w_mean))
 
         metrics = self._metrics[mode]
         for key, value in zip(mean_keys, means[: len(mean_keys)].tolist(), strict=True):

@@ -85,6 +85,10 @@ def test_policy_gradient_equals_weighted_score_function(kind, name, params):
     expected = -(w[:, None] * adv[:, None] * _per_sample_score(policy, obs, act)).mean(0)
     torch.testing.assert_close(grad, expected, rtol=1e-9, atol=1e-12)
     assert diag["weight_mean"].item() == pytest.approx(w.mean().item(), rel=1e-6)
+    assert diag["weight_sq_mean"].item() == pytest.approx((w * w).mean().item(), rel=1e-6)
+    # ESS = (sum w)^2 / (N sum w^2) = mean(w)^2 / mean(w^2): what the trainer reduces across processes
+    assert diag["ess"].item() == pytest.approx(w.sum().item() ** 2 / (len(w) * (w * w).sum().item()), rel=1e-6)
+    assert diag["ess"].item() == pytest.approx(w.mean().item() ** 2 / (w * w).mean().item(), rel=1e-6)
     ratios = torch.exp(logps - old_logps).detach()
     assert ratios.min() < 0.7 and ratios.max() > 1.4, "the test batch must exercise r far from 1"
 
