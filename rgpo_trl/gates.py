@@ -62,10 +62,12 @@ class Gate(ABC):
     def weight_from_log_ratio(self, log_ratio: torch.Tensor) -> torch.Tensor:
         """w = g'(r) r at r = exp(log_ratio), closed form."""
 
-    def value_and_weight(self, log_ratio: torch.Tensor, ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(g, detached w) from an already clamped log-ratio and ``ratio = exp(log_ratio)``.
+    def value_and_weight(
+        self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, detached w) from an already clamped log-ratio and ``ratio_minus_one = expm1(log_ratio)``.
 
-        The loss's hot path: gates override it to share ``ratio`` between g and w."""
+        The loss's hot path: gates override it to share the ratio between g and w with few ops."""
         return self.from_log_ratio(log_ratio), self.weight_from_log_ratio(log_ratio.detach())
 
     @property
@@ -106,10 +108,12 @@ class SigmoidGate(Gate):
         s = torch.sigmoid(self.k * (r - 1.0))
         return self.k * s * (1.0 - s) * r
 
-    def value_and_weight(self, log_ratio: torch.Tensor, ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.sigmoid(self.k * (ratio - 1.0))
+    def value_and_weight(
+        self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.sigmoid(self.k * ratio_minus_one)
         with torch.no_grad():
-            w = self.k * g * (1.0 - g) * ratio
+            w = self.k * g * (1.0 - g) * (ratio_minus_one + 1.0)
         return g, w
 
 
@@ -175,7 +179,10 @@ class ImportanceSamplingGate(Gate):
     def weight_from_log_ratio(self, log_ratio: torch.Tensor) -> torch.Tensor:
         return torch.exp(clamp_log_ratio(log_ratio))
 
-    def value_and_weight(self, log_ratio: torch.Tensor, ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def value_and_weight(
+        self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ratio = ratio_minus_one + 1.0
         return ratio, ratio.detach()
 
 

@@ -91,24 +91,28 @@ def rgpo_terms(
     if ratio_mode in ("ref", "dual") and ref_logps is None:
         raise ValueError(f"ratio_mode={ratio_mode!r} needs ref_logps (the reference model's log-probs)")
     log_ratio_old = clamp_log_ratio(logps - old_logps)
-    expm1_old = torch.expm1(log_ratio_old)
-    ratio_old = expm1_old + 1.0
+    expm1_old = torch.expm1(log_ratio_old)  # r - 1: the gates and the KL need no separate r
     kl_old = expm1_old - log_ratio_old  # r - 1 - log r without cancellation near r = 1
-    log_ratio_ref = ratio_ref = kl_ref = None
+    log_ratio_ref = expm1_ref = kl_ref = None
     if ref_logps is not None:
         log_ratio_ref = clamp_log_ratio(logps - ref_logps)
-        ratio_ref = torch.exp(log_ratio_ref)
         kl_ref = kl_ref_estimate(logps, ref_logps)
     if ratio_mode == "old":
-        log_ratio, ratio = log_ratio_old, ratio_old
+        log_ratio, expm1 = log_ratio_old, expm1_old
     elif ratio_mode == "ref":
-        log_ratio, ratio = log_ratio_ref, ratio_ref
+        log_ratio = log_ratio_ref
+        expm1 = expm1_ref = torch.expm1(log_ratio_ref)
     else:
         # max(r_old, r_ref) = exp(max(log r_old, log r_ref)); the gradient flows through the
         # larger one, and both share d log pi, so the gradient is w(max r) grad log pi.
         log_ratio = torch.maximum(log_ratio_old, log_ratio_ref)
-        ratio = torch.exp(log_ratio)
-    g, w = gate.value_and_weight(log_ratio, ratio)
+        expm1 = torch.expm1(log_ratio)
+    g, w = gate.value_and_weight(log_ratio, expm1)
+    with torch.no_grad():
+        ratio_old = expm1_old + 1.0
+        ratio_ref = None
+        if log_ratio_ref is not None:
+            ratio_ref = expm1_ref + 1.0 if expm1_ref is not None else torch.exp(log_ratio_ref)
     return RGPOTerms(
         gate=g,
         weight=w,
@@ -117,8 +121,8 @@ def rgpo_terms(
         log_ratio_old=log_ratio_old.detach(),
         log_ratio_ref=None if log_ratio_ref is None else log_ratio_ref.detach(),
         log_ratio=log_ratio.detach(),
-        ratio_old=ratio_old.detach(),
-        ratio_ref=None if ratio_ref is None else ratio_ref.detach(),
+        ratio_old=ratio_old,
+        ratio_ref=ratio_ref,
     )
 
 
@@ -173,13 +177,10 @@ def rgpo_loss(
         per_element = per_element + ref_kl_coef * terms.kl_ref
     if mask is None:
         count = float(per_element.numel())
-        total = per_element.sum()
+        loss = per_element.mean() if normalizer is None else per_element.sum() / normalizer
     else:
         count = mask.sum()
-        total = (per_element * mask).sum()
-    if normalizer is None:
-        normalizer = max(count, 1.0) if mask is None else count.clamp_min(1.0)
-    loss = total / normalizer
+        loss = (per_element * mask).sum() / (count.clamp_min(1.0) if normalizer is None else normalizer)
 
     with torch.no_grad():
         # All masked sums in one reduction and one host transfer: the loss runs once per mini-batch,
@@ -197,12 +198,11 @@ def rgpo_loss(
             stacked = torch.stack(broadcast)
             sums = (stacked[: len(columns)] * mask).flatten(1).sum(1)
             tops = torch.where(mask.bool(), stacked[len(columns) :], -torch.inf).flatten(1).amax(1)
-        else:
-            stacked = torch.stack(torch.broadcast_tensors(*columns, *maxima))
-            sums = stacked[: len(columns)].flatten(1).sum(1)
-            tops = stacked[len(columns) :].flatten(1).amax(1)
-        values = torch.cat([sums, tops, count.reshape(1) if mask is not None else sums.new_full((1,), count)])
-        *column_sums, n = values.tolist()
+            *column_sums, n = torch.cat([sums, tops, count.reshape(1)]).tolist()
+        else:  # the MuJoCo hot path: same-shape columns, no mask
+            stacked = torch.stack(columns + maxima, dim=-1).reshape(-1, len(columns) + len(maxima))
+            column_sums = torch.cat([stacked[:, : len(columns)].sum(0), stacked[:, len(columns) :].amax(0)])
+            column_sums, n = column_sums.tolist(), count
         sums_list, tops_list = column_sums[: len(columns)], column_sums[len(columns) :]
         n = max(n, 1.0)
         w_sum, w_sq_sum = sums_list[1], sums_list[2]
