@@ -5,3 +5,31 @@ import os
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Small models on a shared 2-core box: one intra-op thread, restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def quick_assets(tmp_path_factory):
+    """The small tiny-HH assets, built once per machine into the cache like the demo's
+    (``RGPO_TRL_TEST_FRESH_BUILD=1``: into a temporary directory instead)."""
+    from rgpo_trl.tiny_hh import build_tiny_assets
+
+    cache = tmp_path_factory.mktemp("rgpo_cache") if os.environ.get("RGPO_TRL_TEST_FRESH_BUILD") else None
+    return build_tiny_assets(cache, quick=True, num_threads=1, verbose=False)
+
+
+def assets_cache_root(assets):
+    """The cache root to pass back to ``build_tiny_assets``: ``<root>/tiny_hh/v<N>-quick`` -> ``<root>``."""
+    return assets.root.parent.parent

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import assets_cache_root
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "hh_rlhf_qwen.py"
@@ -26,14 +27,6 @@ def _load_recipe():
 
 
 recipe = _load_recipe()
-
-
-@pytest.fixture(scope="session")
-def quick_assets():
-    """The small tiny-HH assets (built once per machine into the cache, like the demo's)."""
-    from rgpo_trl.tiny_hh import build_tiny_assets
-
-    return build_tiny_assets(quick=True, verbose=False)
 
 
 def _parse_paper(tmp_path, *extra):
@@ -120,15 +113,17 @@ def test_hub_id_offline_fails_before_training_with_actionable_message(tmp_path):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def _tiny_argv(assets_root, out, method, iterations=2, extra=()):
-    return ["--preset", "tiny", "--tiny_quick", "--method", method, "--output_dir", str(out),
+def _tiny_argv(assets, out, method, iterations=2, extra=()):
+    """The tiny preset on exactly the fixture's assets (same cache root, quick variant)."""
+    return ["--preset", "tiny", "--tiny_quick", "--cache_dir", str(assets_cache_root(assets)),
+            "--method", method, "--output_dir", str(out),
             "--num_rl_iterations", str(iterations), "--max_completion_length", "8", "--disable_tqdm", "true",
             "--save_strategy", "no", *extra]
 
 
 @pytest.mark.parametrize("method", ["rgpo", "grpo", "ppo_clip_kl", "sapo"])
 def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method):
-    summary = recipe.main(_tiny_argv(quick_assets.root, tmp_path, method))
+    summary = recipe.main(_tiny_argv(quick_assets, tmp_path, method))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["iteration"] for r in rows] == [1, 1, 2, 2]
     generation_rows = rows[::2]
@@ -159,7 +154,7 @@ def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
 
     methods.GRPOMonitoredTrainer.train = train
     try:
-        recipe.main(_tiny_argv(quick_assets.root, tmp_path, "grpo", iterations=1))
+        recipe.main(_tiny_argv(quick_assets, tmp_path, "grpo", iterations=1))
     finally:
         methods.GRPOMonitoredTrainer.train = original
     assert seen == {"beta": 0.0, "args_beta": 0.0, "has_ref": True}
@@ -167,7 +162,7 @@ def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
 
 def _launch_two_processes(config: str, out: Path, quick_assets) -> dict:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config),
-           "--num_processes", "2", str(RECIPE), *_tiny_argv(quick_assets.root, out, "rgpo")]
+           "--num_processes", "2", str(RECIPE), *_tiny_argv(quick_assets, out, "rgpo")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]

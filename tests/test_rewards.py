@@ -10,13 +10,7 @@ import torch
 from rgpo_trl.hub_access import HubUnavailableError
 from rgpo_trl.rewards import PairwiseRewardModel
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 QUESTIONS = ["How do I boil an egg?", "What is the best way to prune roses?", "Any tips to save money?",
              "How do I learn guitar?", "Why is the sky blue?", "Can you help me pack a suitcase?",

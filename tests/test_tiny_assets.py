@@ -8,12 +8,12 @@ The quick build (~1 min on 2 shared cores) is made once per session into the cac
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 
 import pytest
 import torch
+from conftest import assets_cache_root
 
 from rgpo_trl import tiny_hh
 from rgpo_trl.hh_data import hh_text_to_prompt, load_hh_helpful_prompts, parse_hh_dialogue
@@ -27,19 +27,7 @@ from rgpo_trl.tiny_hh import (
     write_jsonl,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="session")
-def quick_assets(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("rgpo_cache") if os.environ.get("RGPO_TRL_TEST_FRESH_BUILD") else None
-    return build_tiny_assets(cache, quick=True, num_threads=1, verbose=False)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ------------------------------------------------------------------ gold rule (hand-computed references)
@@ -115,12 +103,8 @@ def test_build_info_and_cache_reuse(quick_assets):
     assert info["reward_model_class"] == "DebertaV2ForSequenceClassification"
     assert info["rm_heldout_pairwise_accuracy"] >= 0.7
     t0 = time.time()
-    again = build_tiny_assets(_cache_arg(quick_assets), quick=True, verbose=False)
+    again = build_tiny_assets(assets_cache_root(quick_assets), quick=True, verbose=False)
     assert again.root == quick_assets.root and time.time() - t0 < 5
-
-
-def _cache_arg(assets):
-    return assets.root.parent.parent  # <root>/tiny_hh/v<N>-quick -> <root>
 
 
 def test_dataset_file_is_generator_output(quick_assets):
@@ -210,7 +194,7 @@ def test_gold_reward_func_is_a_trl_reward_func():
 
 
 def test_cli_prints_paths_and_build_info(quick_assets, capsys):
-    assert tiny_hh.main(["--quick", "--cache-dir", str(_cache_arg(quick_assets))]) == 0
+    assert tiny_hh.main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets))]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policy_dir"] == str(quick_assets.policy_dir)
     assert out["reward_model_dir"] == str(quick_assets.reward_model_dir)
