@@ -126,12 +126,6 @@ def rgpo_terms(
     )
 
 
-def _masked_max(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    if mask is None:
-        return x.max()
-    return torch.where(mask.bool(), x, torch.full_like(x, -torch.inf)).max()
-
-
 def rgpo_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor | None,
@@ -162,8 +156,8 @@ def rgpo_loss(
     Returns:
         ``(loss, diagnostics)``; diagnostics are detached 0-dim tensors: ``gate_mean``,
         ``weight_mean``, ``weight_sq_mean`` (mean of w^2: ESS = weight_mean^2 / weight_sq_mean, so
-        ESS over several batches or processes follows from the means), ``ess``, ``kl_old``, ``rejected_frac`` (g < 0.1), ``ratio_old_mean``,
-        ``ratio_old_max`` and, with ``ref_logps``, ``kl_ref``, ``ratio_ref_mean``,
+        ESS over several batches or processes follows from the means), ``ess``, ``kl_old``,
+        ``rejected_frac`` (g < 0.1), ``ratio_old_mean``, ``ratio_old_max`` and, with ``ref_logps``, ``kl_ref``, ``ratio_ref_mean``,
         ``ratio_ref_max``; in dual mode ``ref_ratio_larger_frac``.
     """
     if ref_kl_coef and ref_logps is None:
@@ -186,34 +180,35 @@ def rgpo_loss(
         # All masked sums in one reduction and one host transfer: the loss runs once per mini-batch,
         # and on small tensors the cost is the number of ops, not their size.
         g, w = terms.gate.detach(), terms.weight
-        columns = [g, w, w * w, terms.kl_old.detach(), (g < 0.1).to(g.dtype), terms.ratio_old]
-        maxima = [terms.ratio_old]
+        means = {
+            "gate_mean": g,
+            "weight_mean": w,
+            "weight_sq_mean": w * w,
+            "kl_old": terms.kl_old.detach(),
+            "rejected_frac": (g < 0.1).to(g.dtype),
+            "ratio_old_mean": terms.ratio_old,
+        }
+        maxima = {"ratio_old_max": terms.ratio_old}
         if ref_logps is not None:
-            columns += [terms.kl_ref.detach(), terms.ratio_ref]
-            maxima.append(terms.ratio_ref)
+            means.update(kl_ref=terms.kl_ref.detach(), ratio_ref_mean=terms.ratio_ref)
+            maxima["ratio_ref_max"] = terms.ratio_ref
             if ratio_mode == "dual":
-                columns.append((terms.log_ratio_ref > terms.log_ratio_old).to(g.dtype))
+                means["ref_ratio_larger_frac"] = (terms.log_ratio_ref > terms.log_ratio_old).to(g.dtype)
+        columns = [*means.values(), *maxima.values()]
+        k = len(means)
         if mask is not None:
-            *broadcast, mask = torch.broadcast_tensors(*columns, *maxima, mask)
+            *broadcast, mask = torch.broadcast_tensors(*columns, mask)
             stacked = torch.stack(broadcast)
-            sums = (stacked[: len(columns)] * mask).flatten(1).sum(1)
-            tops = torch.where(mask.bool(), stacked[len(columns) :], -torch.inf).flatten(1).amax(1)
-            *column_sums, n = torch.cat([sums, tops, count.reshape(1)]).tolist()
+            sums = (stacked[:k] * mask).flatten(1).sum(1)
+            tops = torch.where(mask.bool(), stacked[k:], -torch.inf).flatten(1).amax(1)
+            *values, n = torch.cat([sums, tops, count.reshape(1)]).tolist()
         else:  # the MuJoCo hot path: same-shape columns, no mask
-            stacked = torch.stack(columns + maxima, dim=-1).reshape(-1, len(columns) + len(maxima))
-            column_sums = torch.cat([stacked[:, : len(columns)].sum(0), stacked[:, len(columns) :].amax(0)])
-            column_sums, n = column_sums.tolist(), count
-        sums_list, tops_list = column_sums[: len(columns)], column_sums[len(columns) :]
+            stacked = torch.stack(columns, dim=-1).reshape(-1, len(columns))
+            values, n = torch.cat([stacked[:, :k].sum(0), stacked[:, k:].amax(0)]).tolist(), count
         n = max(n, 1.0)
-        w_sum, w_sq_sum = sums_list[1], sums_list[2]
-        ess = w_sum * w_sum / (n * w_sq_sum) if w_sq_sum > 0 else 0.0
-        names = ["gate_mean", "weight_mean", "weight_sq_mean", "kl_old", "rejected_frac", "ratio_old_mean"]
-        if ref_logps is not None:
-            names += ["kl_ref", "ratio_ref_mean"] + (["ref_ratio_larger_frac"] if ratio_mode == "dual" else [])
-        out = {name: v / n for name, v in zip(names, sums_list, strict=True) if name is not None}
-        out["ess"] = ess
-        out["ratio_old_max"] = tops_list[0]
-        if ref_logps is not None:
-            out["ratio_ref_max"] = tops_list[1]
+        out = {name: v / n for name, v in zip(means, values[:k], strict=True)}
+        out.update(zip(maxima, values[k:], strict=True))
+        w_sum, w_sq_sum = values[1], values[2]
+        out["ess"] = w_sum * w_sum / (n * w_sq_sum) if w_sq_sum > 0 else 0.0
         diagnostics = dict(zip(out, torch.tensor(list(out.values()), dtype=torch.float32).unbind(), strict=True))
     return loss, diagnostics
