@@ -14,10 +14,11 @@ Two measurements, both interleaved so that machine load hits every variant alike
    with identical hyperparameters (1 env, 2048 steps/rollout, 32 mini-batches of 64, 10 epochs,
    lr 3e-4 annealed, GAE 0.95, gamma 0.99, clip 0.2, obs/reward normalisation, TensorBoard on).
    SPS is each script's own global_step / (time since its training loop started).
-2. Update-step cost, RGPO vs PPO (in-process): the scripts' own policy-loss functions on identical
-   data and networks, a full mini-batch step (forward, loss, backward, grad-norm clip, Adam),
-   alternating PPO and RGPO blocks; ratio of median block times. The end-to-end runs also report the
-   median per-iteration ``update_time`` of each script.
+2. Update cost, RGPO vs PPO (in-process): the scripts' own policy-loss and per-epoch stats functions
+   on identical data and networks, full mini-batch steps (forward, loss, backward, grad-norm clip,
+   Adam), PPO / RGPO / a second PPO (A/A control, shows the noise floor) interleaved step by step;
+   median of per-epoch time ratios with a bootstrap 95% interval. The end-to-end runs also report
+   the median per-iteration ``update_time`` of each script.
 """
 
 from __future__ import annotations
@@ -170,10 +171,9 @@ def update_microbench(args):
 
 
 def _microbench_loss(ppo_mod, rgpo_mod, blocks, calls=200):
-    """Policy loss alone (forward + backward on 64 log-probs): where RGPO's extra time comes from.
-
-    ``rgpo_terms_only`` is the library's per-sample terms reduced to the same loss without the
-    diagnostics dict, i.e. what a diagnostics-free ``rgpo_loss`` would cost (not used by the scripts)."""
+    """Policy loss alone (forward + backward on 64 log-probs), interleaved: the scripts' PPO and RGPO
+    losses, and ``rgpo_loss`` with its per-call diagnostics (what the TRL trainer uses; the scripts
+    reduce the diagnostics once per epoch instead)."""
     import torch
 
     import rgpo_trl
@@ -184,36 +184,42 @@ def _microbench_loss(ppo_mod, rgpo_mod, blocks, calls=200):
     gate = rgpo_trl.make_gate("sigmoid", k=5.0)
 
     def ppo():
-        loss, st = ppo_mod.ppo_policy_loss(x * 0.1, old, adv, 0.2)
-        loss.backward()
+        ppo_mod.ppo_policy_loss(x * 0.1, old, adv, 0.2).backward()
 
     def rgpo():
-        loss, st = rgpo_mod.rgpo_policy_loss(x * 0.1, old, adv, gate, 0.5)
+        rgpo_mod.rgpo_policy_loss(x * 0.1, old, adv, gate, 0.5).backward()
+
+    def rgpo_with_diagnostics():
+        loss, diag = rgpo_trl.rgpo_loss(x * 0.1, old, adv, gate, kl_coef=0.5)
         loss.backward()
 
-    def rgpo_terms_only():
-        t = rgpo_trl.rgpo_terms(x * 0.1, old, gate)
-        loss = (-t.gate * adv + 0.5 * t.kl_old).mean()
-        loss.backward()
-        torch.stack([t.kl_old.detach().mean(), rgpo_trl.effective_sample_size(t.weight)])
-
-    fns = {"ppo": ppo, "rgpo": rgpo, "rgpo_terms_only": rgpo_terms_only}
+    fns = {"ppo": ppo, "rgpo": rgpo, "rgpo_with_diagnostics": rgpo_with_diagnostics}
     times = {k: [] for k in fns}
+    names = list(fns)
     for block in range(blocks):
-        names = list(fns)
-        for name in names[block % 3 :] + names[: block % 3]:
+        k = block % len(names)
+        for name in names[k:] + names[:k]:
             t0 = time.perf_counter()
             for _ in range(calls):
                 fns[name]()
             times[name].append((time.perf_counter() - t0) / calls)
     res = {f"{k}_us_median": statistics.median(v) * 1e6 for k, v in times.items()}
     res["rgpo_over_ppo"] = res["rgpo_us_median"] / res["ppo_us_median"]
-    res["rgpo_terms_only_over_ppo"] = res["rgpo_terms_only_us_median"] / res["ppo_us_median"]
+    res["rgpo_with_diagnostics_over_ppo"] = res["rgpo_with_diagnostics_us_median"] / res["ppo_us_median"]
     print(f"loss-only microbench: {res}", flush=True)
     return res
 
 
-def _microbench_width(width, ppo_mod, rgpo_mod, blocks):
+def _microbench_width(width, ppo_mod, rgpo_mod, blocks, update_epochs=10):
+    """Full mini-batch update steps of PPO, RGPO and a second PPO (the A/A control), interleaved.
+
+    Every ``update_epochs`` blocks the old log-probs are refreshed from each variant's current policy,
+    as a new rollout would (without it the policy drifts arbitrarily far from pi_old, which no
+    training run does). Every step, the three variants take turns on the same mini-batch indices in rotating order, so
+    load drift on a shared machine hits all alike. A block is one epoch (32 steps per variant); the
+    statistic is the median over blocks of the per-block time ratio to PPO, with a bootstrap 95%
+    interval. The control runs PPO's loss on its own network copy and optimiser: its ratio (ideally
+    1.000) shows the measurement's bias and noise floor."""
     import torch
     import torch.nn as nn
 
@@ -222,60 +228,105 @@ def _microbench_width(width, ppo_mod, rgpo_mod, blocks):
     obs, actions = torch.randn(T, obs_dim), torch.randn(T, act_dim)
     adv, ret = torch.randn(T), torch.randn(T)
     pa, ra = ppo_mod.Args(hidden_size=width), rgpo_mod.Args(hidden_size=width)
-    agents = {"ppo": ppo_mod.Agent(obs_dim, act_dim, pa), "rgpo": rgpo_mod.Agent(obs_dim, act_dim, ra)}
-    agents["rgpo"].load_state_dict(agents["ppo"].state_dict())
-    with torch.no_grad():
-        oldlp = agents["ppo"].log_prob(agents["ppo"].actor_mean(obs), actions)
-        vals = agents["ppo"].critic(obs).squeeze(-1)
+    agents = {
+        "ppo": ppo_mod.Agent(obs_dim, act_dim, pa),
+        "rgpo": rgpo_mod.Agent(obs_dim, act_dim, ra),
+        "ppo_control": ppo_mod.Agent(obs_dim, act_dim, pa),
+    }
+    for name in ("rgpo", "ppo_control"):
+        agents[name].load_state_dict(agents["ppo"].state_dict())
+    old = {}
+
+    def new_rollout():  # behaviour policy := current policy, per variant (as after a new rollout)
+        with torch.no_grad():
+            for name, agent in agents.items():
+                old[name] = agent.log_prob(agent.actor_mean(obs), actions), agent.critic(obs).squeeze(-1)
+
     opts = {k: torch.optim.Adam(a.parameters(), lr=3e-4, eps=1e-5) for k, a in agents.items()}
     gate = rgpo_mod.make_gate(ra)
     kl_ctl = rgpo_trl_controller(ra)
+    policy_losses = {
+        "ppo": lambda newlp, oldlp, a: ppo_mod.ppo_policy_loss(newlp, oldlp, a, 0.2),
+        "rgpo": lambda newlp, oldlp, a: rgpo_mod.rgpo_policy_loss(newlp, oldlp, a, gate, kl_ctl.value),
+        "ppo_control": lambda newlp, oldlp, a: ppo_mod.ppo_policy_loss(newlp, oldlp, a, 0.2),
+    }
+    epoch_stats = {
+        "ppo": lambda newlps, oldlps: ppo_mod.ppo_epoch_stats(newlps, oldlps, 0.2),
+        "rgpo": lambda newlps, oldlps: rgpo_mod.rgpo_epoch_stats(newlps, oldlps, gate),
+        "ppo_control": lambda newlps, oldlps: ppo_mod.ppo_epoch_stats(newlps, oldlps, 0.2),
+    }
+    kept = {}  # per variant: (log-probs, indices) of the epoch's steps, for the per-epoch stats
 
-    def step(method, idx):
-        agent = agents[method]
+    def step(name, idx):  # the scripts' update step (value clipping, grad-variance stats, clip, Adam)
+        agent = agents[name]
         mb_obs = obs[idx]
         newlp = agent.log_prob(agent.actor_mean(mb_obs), actions[idx])
         newv = agent.critic(mb_obs).squeeze(-1)
         a = adv[idx]
         a = (a - a.mean()) / (a.std() + 1e-8)
-        if method == "ppo":
-            pg, st = ppo_mod.ppo_policy_loss(newlp, oldlp[idx], a, 0.2)
-        else:
-            pg, st = rgpo_mod.rgpo_policy_loss(newlp, oldlp[idx], a, gate, kl_ctl.value)
+        oldlp, vals = old[name]
+        pg = policy_losses[name](newlp, oldlp[idx], a)
         mv, mr = vals[idx], ret[idx]
         vc = mv + (newv - mv).clamp(-0.2, 0.2)
         vl = 0.5 * torch.max((newv - mr) ** 2, (vc - mr) ** 2).mean()
         loss = pg - 0.0 * agent.entropy() + 0.5 * vl
         if not torch.isfinite(loss):
             raise RuntimeError("non-finite")
-        opts[method].zero_grad(set_to_none=True)
+        opts[name].zero_grad(set_to_none=True)
         loss.backward()
         g = torch.cat([p.grad.reshape(-1) for p in agent.policy_parameters()])
         float(g.dot(g))
         nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
-        opts[method].step()
-        return st
+        opts[name].step()
+        kept[name][0].append(newlp.detach())
+        kept[name][1].append(idx)
 
-    times = {"ppo": [], "rgpo": []}
-    for block in range(blocks):
-        for method in ("ppo", "rgpo") if block % 2 == 0 else ("rgpo", "ppo"):
-            perm = torch.randperm(T)
+    def end_of_epoch(name):  # the scripts' per-epoch stats reduction
+        lps, idxs = kept[name]
+        epoch_stats[name](torch.stack(lps), old[name][0][torch.stack(idxs)])
+
+    names = list(agents)
+    times = {n: [] for n in names}
+    for block in range(blocks + 2):  # the first two blocks are warm-up
+        if block % update_epochs == 0:
+            new_rollout()
+        perm = torch.randperm(T)
+        block_t = dict.fromkeys(names, 0.0)
+        kept.update({n: ([], []) for n in names})
+        for i, start in enumerate(range(0, T, mb)):
+            idx = perm[start : start + mb]
+            k = (i + block) % len(names)
+            for name in names[k:] + names[:k]:
+                t0 = time.perf_counter()
+                step(name, idx)
+                block_t[name] += time.perf_counter() - t0
+        for name in names[block % len(names) :] + names[: block % len(names)]:
             t0 = time.perf_counter()
-            for start in range(0, T, mb):
-                step(method, perm[start : start + mb])
-            times[method].append(time.perf_counter() - t0)
-    ppo_t, rgpo_t = statistics.median(times["ppo"]), statistics.median(times["rgpo"])
-    paired = [r / p for p, r in zip(times["ppo"], times["rgpo"], strict=True)]
-    res = {
-        "ppo_epoch_s_median": ppo_t,
-        "rgpo_epoch_s_median": rgpo_t,
-        "rgpo_over_ppo_median": rgpo_t / ppo_t,
-        "rgpo_over_ppo_paired_median": statistics.median(paired),
-        "blocks": blocks,
-    }
-    print(f"update microbench width {width}: PPO epoch {ppo_t * 1e3:.1f} ms, RGPO epoch {rgpo_t * 1e3:.1f} ms, "
-          f"ratio {rgpo_t / ppo_t:.3f} (paired median {statistics.median(paired):.3f})", flush=True)  # fmt: skip
+            end_of_epoch(name)
+            block_t[name] += time.perf_counter() - t0
+        if block >= 2:
+            for name, t in block_t.items():
+                times[name].append(t)
+    res = {f"{n}_epoch_s_median": statistics.median(times[n]) for n in names}
+    res["blocks"] = blocks
+    msg = [f"update microbench width {width}: PPO epoch {res['ppo_epoch_s_median'] * 1e3:.1f} ms"]
+    for name in ("rgpo", "ppo_control"):
+        ratios = [x / p for x, p in zip(times[name], times["ppo"], strict=True)]
+        lo, hi = bootstrap_median_ci(ratios)
+        res[f"{name}_over_ppo"] = statistics.median(ratios)
+        res[f"{name}_over_ppo_ci95"] = [lo, hi]
+        msg.append(f"{name}/PPO {res[f'{name}_over_ppo']:.3f} [95% CI {lo:.3f}, {hi:.3f}]")
+    print(", ".join(msg), flush=True)
     return res
+
+
+def bootstrap_median_ci(values, n_boot=4000, seed=0):
+    """Percentile-bootstrap 95% interval of the median of ``values``."""
+    import random
+
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n_boot))
+    return meds[int(0.025 * n_boot)], meds[int(0.975 * n_boot) - 1]
 
 
 def rgpo_trl_controller(a):
@@ -363,25 +414,29 @@ def main():
         lines.append("")
         lines += ["CleanRL fixes applied (gymnasium 1.x):", *[f"- {d}" for d in patches], ""]
     lines += [
-        "RGPO/PPO update-step time, interleaved in-process microbenchmark (one epoch = 32 mini-batch steps):",
+        "RGPO/PPO update time, in-process microbenchmark: full mini-batch steps of PPO, RGPO and a second PPO "
+        "(A/A control) interleaved step by step, one block = one epoch of 32 steps per variant plus its stats "
+        f"reduction, old log-probs refreshed every 10 blocks; median over {micro[64]['blocks']} blocks of the "
+        "per-block time ratio, bootstrap 95% interval:",
         "",
+        "| width | PPO epoch ms | RGPO / PPO | 95% CI | PPO control / PPO (A/A) | 95% CI |",
+        "|---|---|---|---|---|---|",
     ]
-    lines += ["| width | PPO epoch ms | RGPO epoch ms | RGPO/PPO (ratio of medians) | RGPO/PPO (paired median) |",
-              "|---|---|---|---|---|"]  # fmt: skip
-    for w, m in micro.items():
-        if w == "loss_only":
-            continue
+    for w in (64, 256):
+        m = micro[w]
+        rc, cc = m["rgpo_over_ppo_ci95"], m["ppo_control_over_ppo_ci95"]
         lines.append(
-            f"| {w} | {m['ppo_epoch_s_median'] * 1e3:.1f} | {m['rgpo_epoch_s_median'] * 1e3:.1f} | "
-            f"{m['rgpo_over_ppo_median']:.3f} | {m['rgpo_over_ppo_paired_median']:.3f} |"
+            f"| {w} | {m['ppo_epoch_s_median'] * 1e3:.1f} | {m['rgpo_over_ppo']:.3f} | {rc[0]:.3f}-{rc[1]:.3f} | "
+            f"{m['ppo_control_over_ppo']:.3f} | {cc[0]:.3f}-{cc[1]:.3f} |"
         )
     lo = micro["loss_only"]
     lines += [
         "",
         "Policy loss alone (forward + backward, 64 samples), interleaved: "
-        f"PPO {lo['ppo_us_median']:.0f} us, RGPO (`rgpo_trl.rgpo_loss`) {lo['rgpo_us_median']:.0f} us "
-        f"({lo['rgpo_over_ppo']:.2f}x), library terms without the diagnostics dict "
-        f"{lo['rgpo_terms_only_us_median']:.0f} us ({lo['rgpo_terms_only_over_ppo']:.2f}x).",
+        f"PPO {lo['ppo_us_median']:.0f} us, the RGPO script's loss (`rgpo_trl.rgpo_loss`, diagnostics reduced per "
+        f"epoch) {lo['rgpo_us_median']:.0f} us ({lo['rgpo_over_ppo']:.2f}x), `rgpo_loss` with per-call "
+        f"diagnostics (the trainer's path) {lo['rgpo_with_diagnostics_us_median']:.0f} us "
+        f"({lo['rgpo_with_diagnostics_over_ppo']:.2f}x).",
     ]
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -262,12 +262,19 @@ def make_gate(args: Args):
 
 
 def rgpo_policy_loss(newlogprob, oldlogprob, advantages, gate, kl_coef):
-    """-mean(g(r) A) + beta * mean(r - 1 - log r) via rgpo_trl.rgpo_loss; per-mini-batch stats
-    [kl_old, ess (w = g'(r) r), gate_mean, weight_mean, rejected_frac, ratio_max]."""
-    loss, d = rgpo_trl.rgpo_loss(newlogprob, oldlogprob, advantages, gate, kl_coef=kl_coef)
-    return loss, torch.stack(
-        [d["kl_old"], d["ess"], d["gate_mean"], d["weight_mean"], d["rejected_frac"], d["ratio_old_max"]]
-    )
+    """-mean(g(r) A) + beta * mean(r - 1 - log r) via rgpo_trl.rgpo_loss; its diagnostics are reduced
+    once per epoch by `rgpo_epoch_stats` instead of per mini-batch step."""
+    loss, _ = rgpo_trl.rgpo_loss(newlogprob, oldlogprob, advantages, gate, kl_coef=kl_coef, diagnostics=False)
+    return loss
+
+
+def rgpo_epoch_stats(newlogprobs, oldlogprobs, gate):
+    """Per-mini-batch stats [kl_old, ess (w = g'(r) r), gate_mean, weight_mean, rejected_frac, ratio_max]
+    of one epoch, from log-probs stacked as (mini-batches, samples): rgpo_trl.rgpo_diagnostics, the
+    values rgpo_loss reports for each mini-batch, in one vectorised reduction per epoch."""
+    d = rgpo_trl.rgpo_diagnostics(newlogprobs, oldlogprobs, gate, dim=-1)
+    keys = ["kl_old", "ess", "gate_mean", "weight_mean", "rejected_frac", "ratio_old_max"]
+    return torch.stack([d[k] for k in keys], dim=1)
 
 
 STAT_NAMES = ["kl", "ess", "gate_mean", "weight_mean", "rejected_frac", "ratio_max"]
@@ -385,6 +392,7 @@ def main(args: Args) -> dict:
             epochs_run, backstop = 0, False
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(T)
+                epoch_logprobs, epoch_idx = [], []  # for the stats, reduced once per epoch
                 for start in range(0, T, mb):
                     idx = perm[start : start + mb]
                     mb_obs = obs[idx]
@@ -395,9 +403,7 @@ def main(args: Args) -> dict:
                         mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
 
                     # policy loss
-                    pg_loss, mb_stats = rgpo_policy_loss(
-                        newlogprob, b_logprobs[idx], mb_adv, gate, kl_ctl.value
-                    )
+                    pg_loss = rgpo_policy_loss(newlogprob, b_logprobs[idx], mb_adv, gate, kl_ctl.value)
 
                     # value loss
                     mb_ret = b_returns[idx]
@@ -424,16 +430,19 @@ def main(args: Args) -> dict:
                     if args.max_grad_norm > 0:
                         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    stats.append(mb_stats)
+                    epoch_logprobs.append(newlogprob.detach())
+                    epoch_idx.append(idx)
                     losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))
+                # per-mini-batch stats of this epoch (the log-probs each mini-batch's loss saw)
+                stats.append(rgpo_epoch_stats(torch.stack(epoch_logprobs), b_logprobs[torch.stack(epoch_idx)], gate))
                 epochs_run += 1
-                backstop = args.kl_backstop > 0 and float(torch.stack(stats)[:, 0].mean()) > args.kl_backstop
+                backstop = args.kl_backstop > 0 and float(torch.cat(stats)[:, 0].mean()) > args.kl_backstop
                 if backstop:
                     break
             update_time = time.perf_counter() - update_start
 
             # ---- per-iteration metrics (same keys for every method)
-            st = torch.stack(stats).double().numpy()
+            st = torch.cat(stats).double().numpy()
             ls = torch.stack(losses).double().numpy()
             n_mb = st.shape[0]
             g_mean = g_sum.double() / n_mb

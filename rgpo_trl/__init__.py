@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .gates import GATES, LOG_RATIO_CLAMP, Gate, clamp_log_ratio, make_gate
+from .gates import GATES, LOG_RATIO_CLAMP, Gate, clamp_log_ratio, clamped_log_ratio, make_gate
 from .kl_control import AdaptiveKLController
 from .objective import (
     RATIO_MODES,
@@ -18,6 +18,7 @@ from .objective import (
     effective_sample_size,
     kl_old_estimate,
     kl_ref_estimate,
+    rgpo_diagnostics,
     rgpo_loss,
     rgpo_terms,
 )
@@ -50,10 +51,12 @@ __all__ = [
     "RGPOTerms",
     "RGPOTrainer",
     "clamp_log_ratio",
+    "clamped_log_ratio",
     "effective_sample_size",
     "kl_old_estimate",
     "kl_ref_estimate",
     "make_gate",
+    "rgpo_diagnostics",
     "rgpo_loss",
     "rgpo_terms",
 ]

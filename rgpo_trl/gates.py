@@ -31,8 +31,23 @@ def clamp_log_ratio(log_ratio: torch.Tensor, bound: float = LOG_RATIO_CLAMP) -> 
     Forward: ``log_ratio.clamp(-bound, bound)``. Backward: identity, i.e. d/d(log_ratio) of any
     f(clamped) equals f'(boundary). Inside the range this is exactly the identity.
     """
-    clamped = log_ratio.clamp(-bound, bound)
-    return log_ratio + (clamped - log_ratio).detach()
+    detached = log_ratio.detach()  # the correction is computed off the graph: one recorded op
+    return log_ratio + detached.clamp(-bound, bound).sub_(detached)
+
+
+def clamped_log_ratio(
+    logps: torch.Tensor, base_logps: torch.Tensor, bound: float = LOG_RATIO_CLAMP
+) -> torch.Tensor:
+    """``clamp_log_ratio(logps - base_logps)`` with one recorded op instead of two.
+
+    ``base_logps`` (log pi_old or log pi_ref) is a constant, so the clamp can be folded into it:
+    ``logps - (logps.detach() - clamp(logps.detach() - base_logps))``; the graph sees ``logps -
+    constant`` (gradient 1, the straight-through clamp). The value equals the clamped difference up
+    to a rounding at the scale of the log-probs (eps * max(|logps|, |base_logps|)), and is exactly 0
+    where ``base_logps`` equals ``logps``. The loss runs once per mini-batch on small tensors, where
+    recorded ops dominate the cost."""
+    detached = logps.detach()
+    return logps - (detached - (detached - base_logps.detach()).clamp_(-bound, bound))
 
 
 class Gate(ABC):
@@ -62,13 +77,17 @@ class Gate(ABC):
     def weight_from_log_ratio(self, log_ratio: torch.Tensor) -> torch.Tensor:
         """w = g'(r) r at r = exp(log_ratio), closed form."""
 
+    def value(self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor) -> torch.Tensor:
+        """g from an already clamped log-ratio and ``ratio_minus_one = expm1(log_ratio)``.
+
+        The loss's hot path: gates override it to reuse r - 1 instead of another ``exp``."""
+        return self.from_log_ratio(log_ratio)
+
     def value_and_weight(
         self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(g, detached w) from an already clamped log-ratio and ``ratio_minus_one = expm1(log_ratio)``.
-
-        The loss's hot path: gates override it to share the ratio between g and w with few ops."""
-        return self.from_log_ratio(log_ratio), self.weight_from_log_ratio(log_ratio.detach())
+        """(g, detached w), same inputs as `value`; gates override it to share work between g and w."""
+        return self.value(log_ratio, ratio_minus_one), self.weight_from_log_ratio(log_ratio.detach())
 
     @property
     @abstractmethod
@@ -108,12 +127,15 @@ class SigmoidGate(Gate):
         s = torch.sigmoid(self.k * (r - 1.0))
         return self.k * s * (1.0 - s) * r
 
+    def value(self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.k * ratio_minus_one)
+
     def value_and_weight(
         self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.sigmoid(self.k * ratio_minus_one)
-        with torch.no_grad():
-            w = self.k * g * (1.0 - g) * (ratio_minus_one + 1.0)
+        g = self.value(log_ratio, ratio_minus_one)
+        gd = g.detach()  # w from detached tensors: no graph, and cheaper than a no_grad block
+        w = (1.0 - gd).mul_(gd).mul_(ratio_minus_one.detach() + 1.0).mul_(self.k)
         return g, w
 
 
@@ -179,10 +201,13 @@ class ImportanceSamplingGate(Gate):
     def weight_from_log_ratio(self, log_ratio: torch.Tensor) -> torch.Tensor:
         return torch.exp(clamp_log_ratio(log_ratio))
 
+    def value(self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor) -> torch.Tensor:
+        return ratio_minus_one + 1.0
+
     def value_and_weight(
         self, log_ratio: torch.Tensor, ratio_minus_one: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        ratio = ratio_minus_one + 1.0
+        ratio = self.value(log_ratio, ratio_minus_one)
         return ratio, ratio.detach()
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gates import Gate, clamp_log_ratio
+from .gates import Gate, clamp_log_ratio, clamped_log_ratio
 
 RATIO_MODES = ("old", "ref", "dual")
 
@@ -41,35 +41,42 @@ def kl_ref_estimate(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tenso
     return torch.expm1(delta) - delta
 
 
-def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def effective_sample_size(
+    weights: torch.Tensor, mask: torch.Tensor | None = None, dim: int | None = None
+) -> torch.Tensor:
     """Normalised ESS = (sum w)^2 / (N sum w^2) in [0, 1] (paper, Ablation D).
 
-    Returns 0 when all weights are zero (no sample contributes).
+    Reduces over all elements, or over ``dim`` only (e.g. one ESS per mini-batch row). Returns 0
+    where all weights are zero (no sample contributes).
     """
     w = weights.detach().double()
     if mask is not None:
-        m = mask.to(w.dtype)
+        w, m = torch.broadcast_tensors(w, mask.to(w.dtype))
         w = w * m
-        n = m.sum()
+        n = m.sum() if dim is None else m.sum(dim)
     else:
-        n = torch.tensor(float(w.numel()), dtype=w.dtype, device=w.device)
-    s1, s2 = w.sum(), (w * w).sum()
+        n = torch.tensor(float(w.numel() if dim is None else w.shape[dim]), dtype=w.dtype, device=w.device)
+    s1 = w.sum() if dim is None else w.sum(dim)
+    s2 = (w * w).sum() if dim is None else (w * w).sum(dim)
     return torch.where(s2 > 0, s1 * s1 / (n * s2).clamp_min(1e-300), torch.zeros_like(s1)).float()
 
 
 @dataclass
 class RGPOTerms:
-    """Per-element pieces of the RGPO loss, before reduction (all the shape of ``logps``)."""
+    """Per-element pieces of the RGPO loss, before reduction (all the shape of ``logps``).
+
+    ``weight``, ``ratio_old`` and ``ratio_ref`` feed only the diagnostics; they are ``None`` when
+    `rgpo_terms` is called with ``with_weights=False``."""
 
     gate: torch.Tensor  # g(r), differentiable
-    weight: torch.Tensor  # w(r) = g'(r) r, detached
     kl_old: torch.Tensor  # r_old - 1 - log r_old, differentiable
     kl_ref: torch.Tensor | None  # k3 KL to reference, differentiable (None without ref_logps)
     log_ratio_old: torch.Tensor  # detached
     log_ratio_ref: torch.Tensor | None  # detached
     log_ratio: torch.Tensor  # the gated log-ratio (after the ratio mode), detached
-    ratio_old: torch.Tensor  # r_old (clamped), detached
-    ratio_ref: torch.Tensor | None  # r_ref (clamped), detached
+    weight: torch.Tensor | None = None  # w(r) = g'(r) r, detached
+    ratio_old: torch.Tensor | None = None  # r_old (clamped), detached
+    ratio_ref: torch.Tensor | None = None  # r_ref (clamped), detached
 
 
 def rgpo_terms(
@@ -79,9 +86,11 @@ def rgpo_terms(
     *,
     ref_logps: torch.Tensor | None = None,
     ratio_mode: str = "old",
+    with_weights: bool = True,
 ) -> RGPOTerms:
-    """Compute the per-element gate, weight and KL terms. ``old_logps=None`` means on-policy
-    (r_old == 1 with the gradient of log pi kept, as TRL does when it does not reuse a batch).
+    """Compute the per-element gate and KL terms (and, with ``with_weights``, the detached weight
+    and ratios the diagnostics need). ``old_logps=None`` means on-policy (r_old == 1 with the
+    gradient of log pi kept, as TRL does when it does not reuse a batch).
 
     Written for few tensor operations: the loss runs once per mini-batch in the MuJoCo scripts,
     where tensors are small and the cost is the number of ops, not their size."""
@@ -90,12 +99,12 @@ def rgpo_terms(
         old_logps = logps.detach()
     if ratio_mode in ("ref", "dual") and ref_logps is None:
         raise ValueError(f"ratio_mode={ratio_mode!r} needs ref_logps (the reference model's log-probs)")
-    log_ratio_old = clamp_log_ratio(logps - old_logps)
+    log_ratio_old = clamped_log_ratio(logps, old_logps)
     expm1_old = torch.expm1(log_ratio_old)  # r - 1: the gates and the KL need no separate r
     kl_old = expm1_old - log_ratio_old  # r - 1 - log r without cancellation near r = 1
     log_ratio_ref = expm1_ref = kl_ref = None
     if ref_logps is not None:
-        log_ratio_ref = clamp_log_ratio(logps - ref_logps)
+        log_ratio_ref = clamped_log_ratio(logps, ref_logps)
         kl_ref = kl_ref_estimate(logps, ref_logps)
     if ratio_mode == "old":
         log_ratio, expm1 = log_ratio_old, expm1_old
@@ -107,20 +116,22 @@ def rgpo_terms(
         # larger one, and both share d log pi, so the gradient is w(max r) grad log pi.
         log_ratio = torch.maximum(log_ratio_old, log_ratio_ref)
         expm1 = torch.expm1(log_ratio)
-    g, w = gate.value_and_weight(log_ratio, expm1)
-    with torch.no_grad():
-        ratio_old = expm1_old + 1.0
-        ratio_ref = None
+    weight = ratio_old = ratio_ref = None
+    if with_weights:
+        g, weight = gate.value_and_weight(log_ratio, expm1)
+        ratio_old = expm1_old.detach() + 1.0
         if log_ratio_ref is not None:
-            ratio_ref = expm1_ref + 1.0 if expm1_ref is not None else torch.exp(log_ratio_ref)
+            ratio_ref = expm1_ref.detach() + 1.0 if expm1_ref is not None else torch.exp(log_ratio_ref.detach())
+    else:
+        g = gate.value(log_ratio, expm1)
     return RGPOTerms(
         gate=g,
-        weight=w,
         kl_old=kl_old,
         kl_ref=kl_ref,
         log_ratio_old=log_ratio_old.detach(),
         log_ratio_ref=None if log_ratio_ref is None else log_ratio_ref.detach(),
         log_ratio=log_ratio.detach(),
+        weight=weight,
         ratio_old=ratio_old,
         ratio_ref=ratio_ref,
     )
@@ -138,6 +149,7 @@ def rgpo_loss(
     ratio_mode: str = "old",
     mask: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
+    diagnostics: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """RGPO loss (to minimise) and diagnostics.
 
@@ -152,63 +164,109 @@ def rgpo_loss(
         ratio_mode: ``old``, ``ref`` or ``dual`` (r = max(r_old, r_ref)).
         mask: 1 for valid elements (completion tokens), 0 for padding; broadcast against ``logps``.
         normalizer: divide masked sums by this instead of the number of valid elements.
+        diagnostics: ``False`` skips them (the dict is empty): for callers that reduce them later
+            and in bulk with `rgpo_diagnostics`, e.g. once per epoch over all mini-batches.
 
     Returns:
-        ``(loss, diagnostics)``; diagnostics are detached 0-dim tensors: ``gate_mean``,
-        ``weight_mean``, ``weight_sq_mean`` (mean of w^2: ESS = weight_mean^2 / weight_sq_mean, so
-        ESS over several batches or processes follows from the means), ``ess``, ``kl_old``,
-        ``rejected_frac`` (g < 0.1), ``ratio_old_mean``, ``ratio_old_max`` and, with ``ref_logps``, ``kl_ref``, ``ratio_ref_mean``,
-        ``ratio_ref_max``; in dual mode ``ref_ratio_larger_frac``.
+        ``(loss, diagnostics)``; see `rgpo_diagnostics` for the keys.
     """
     if ref_kl_coef and ref_logps is None:
         raise ValueError("ref_kl_coef > 0 needs ref_logps (the reference model's log-probs)")
-    terms = rgpo_terms(logps, old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode)
+    terms = None
+    if diagnostics or ref_logps is not None or ratio_mode != "old":
+        terms = rgpo_terms(
+            logps, old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode, with_weights=diagnostics
+        )
+        gate_value, kl_old = terms.gate, terms.kl_old
+    else:
+        # The MuJoCo scripts' per-mini-batch path: rgpo_terms' math for ratio_mode "old" without
+        # building the terms object (on 64-sample tensors Python overhead is a visible share of a step).
+        check_ratio_mode(ratio_mode)
+        log_ratio = clamped_log_ratio(logps, logps.detach() if old_logps is None else old_logps)
+        expm1 = torch.expm1(log_ratio)
+        gate_value, kl_old = gate.value(log_ratio, expm1), expm1 - log_ratio
     if mask is not None:
         mask = mask.to(logps.dtype)
 
-    per_element = kl_coef * terms.kl_old - terms.gate * advantages
+    per_element = torch.addcmul(kl_coef * kl_old, gate_value, advantages, value=-1.0)
     if ref_kl_coef:
         per_element = per_element + ref_kl_coef * terms.kl_ref
     if mask is None:
-        count = float(per_element.numel())
         loss = per_element.mean() if normalizer is None else per_element.sum() / normalizer
     else:
-        count = mask.sum()
-        loss = (per_element * mask).sum() / (count.clamp_min(1.0) if normalizer is None else normalizer)
+        loss = (per_element * mask).sum() / (mask.sum().clamp_min(1.0) if normalizer is None else normalizer)
+    return loss, (_reduce_diagnostics(terms, ratio_mode, mask, None) if diagnostics else {})
 
+
+def rgpo_diagnostics(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    gate: Gate,
+    *,
+    ref_logps: torch.Tensor | None = None,
+    ratio_mode: str = "old",
+    mask: torch.Tensor | None = None,
+    dim: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """The diagnostics of `rgpo_loss` for the same inputs, reduced over all elements or over ``dim``.
+
+    With ``dim``, e.g. log-probs of one epoch stacked as ``(mini-batches, samples)`` and ``dim=-1``,
+    every value has one entry per mini-batch, equal to what `rgpo_loss` returned for it: a script
+    can keep ``logps.detach()`` per step and reduce once per epoch instead of ~15 small ops per step.
+
+    Keys (detached tensors): ``gate_mean``, ``weight_mean``, ``weight_sq_mean`` (mean of w^2:
+    ESS = weight_mean^2 / weight_sq_mean, so ESS over several batches or processes follows from the
+    means), ``ess``, ``kl_old``, ``rejected_frac`` (g < 0.1), ``ratio_old_mean``, ``ratio_old_max``
+    and, with ``ref_logps``, ``kl_ref``, ``ratio_ref_mean``, ``ratio_ref_max``; in dual mode
+    ``ref_ratio_larger_frac``. Means are over valid (mask) elements; maxima of nothing are -inf.
+    """
     with torch.no_grad():
-        # All masked sums in one reduction and one host transfer: the loss runs once per mini-batch,
-        # and on small tensors the cost is the number of ops, not their size.
-        g, w = terms.gate.detach(), terms.weight
-        means = {
-            "gate_mean": g,
-            "weight_mean": w,
-            "weight_sq_mean": w * w,
-            "kl_old": terms.kl_old.detach(),
-            "rejected_frac": (g < 0.1).to(g.dtype),
-            "ratio_old_mean": terms.ratio_old,
-        }
-        maxima = {"ratio_old_max": terms.ratio_old}
-        if ref_logps is not None:
-            means.update(kl_ref=terms.kl_ref.detach(), ratio_ref_mean=terms.ratio_ref)
-            maxima["ratio_ref_max"] = terms.ratio_ref
-            if ratio_mode == "dual":
-                means["ref_ratio_larger_frac"] = (terms.log_ratio_ref > terms.log_ratio_old).to(g.dtype)
-        columns = [*means.values(), *maxima.values()]
-        k = len(means)
+        terms = rgpo_terms(logps.detach(), old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode)
+        return _reduce_diagnostics(terms, ratio_mode, None if mask is None else mask.to(logps.dtype), dim)
+
+
+def _reduce_diagnostics(
+    terms: RGPOTerms, ratio_mode: str, mask: torch.Tensor | None, dim: int | None
+) -> dict[str, torch.Tensor]:
+    """All diagnostics in one stacked reduction over ``dim`` (None: every element), kept on the
+    device (no host sync per micro-batch). Inputs are detached: no graph, no no_grad block."""
+    g, w = terms.gate.detach(), terms.weight
+    means = {
+        "gate_mean": g,
+        "weight_mean": w,
+        "weight_sq_mean": w * w,
+        "kl_old": terms.kl_old.detach(),
+        "rejected_frac": (g < 0.1).to(g.dtype),
+        "ratio_old_mean": terms.ratio_old,
+    }
+    maxima = {"ratio_old_max": terms.ratio_old}
+    if terms.kl_ref is not None:
+        means.update(kl_ref=terms.kl_ref.detach(), ratio_ref_mean=terms.ratio_ref)
+        maxima["ratio_ref_max"] = terms.ratio_ref
+        if ratio_mode == "dual":
+            means["ref_ratio_larger_frac"] = (terms.log_ratio_ref > terms.log_ratio_old).to(g.dtype)
+    columns = [*means.values(), *maxima.values()]
+    if mask is not None:
+        *columns, mask = torch.broadcast_tensors(*columns, mask)
+    # (columns, rows, reduced elements): one row for dim=None, one per remaining index otherwise
+    stacked = torch.stack(columns)
+    if dim is None:
+        out_shape, stacked = (), stacked.reshape(len(columns), 1, -1)
+    else:
+        stacked = stacked.movedim(dim + 1 if dim >= 0 else dim, -1)
+        out_shape = stacked.shape[1:-1]
+        stacked = stacked.reshape(len(columns), -1, stacked.shape[-1])
         if mask is not None:
-            *broadcast, mask = torch.broadcast_tensors(*columns, mask)
-            stacked = torch.stack(broadcast)
-            sums = (stacked[:k] * mask).flatten(1).sum(1)
-            tops = torch.where(mask.bool(), stacked[k:], -torch.inf).flatten(1).amax(1)
-            *values, n = torch.cat([sums, tops, count.reshape(1)]).tolist()
-        else:  # the MuJoCo hot path: same-shape columns, no mask
-            stacked = torch.stack(columns, dim=-1).reshape(-1, len(columns))
-            values, n = torch.cat([stacked[:, :k].sum(0), stacked[:, k:].amax(0)]).tolist(), count
-        n = max(n, 1.0)
-        out = {name: v / n for name, v in zip(means, values[:k], strict=True)}
-        out.update(zip(maxima, values[k:], strict=True))
-        w_sum, w_sq_sum = values[1], values[2]
-        out["ess"] = w_sum * w_sum / (n * w_sq_sum) if w_sq_sum > 0 else 0.0
-        diagnostics = dict(zip(out, torch.tensor(list(out.values()), dtype=torch.float32).unbind(), strict=True))
-    return loss, diagnostics
+            mask = mask.movedim(dim, -1)
+    k = len(means)
+    if mask is None:
+        mean_values = stacked[:k].mean(-1)
+        top = stacked[k:].amax(-1)
+    else:
+        mask = mask.reshape(1, *stacked.shape[1:])
+        mean_values = (stacked[:k] * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+        top = torch.where(mask.bool(), stacked[k:], -torch.inf).amax(-1)
+    # ESS = mean(w)^2 / mean(w^2); 0/0 (every weight zero, or nothing valid) -> 0
+    ess = torch.nan_to_num(mean_values[1:2].square() / mean_values[2:3], nan=0.0)
+    values = torch.cat([mean_values, top, ess]).reshape(-1, *out_shape).unbind()
+    return dict(zip([*means, *maxima, "ess"], values, strict=True))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.optimize import brentq
 
-from rgpo_trl import LOG_RATIO_CLAMP, make_gate
+from rgpo_trl import LOG_RATIO_CLAMP, clamp_log_ratio, clamped_log_ratio, make_gate
 
 ALL_GATES = [
     ("sigmoid", {}),
@@ -145,6 +145,27 @@ def test_extreme_log_ratios_stay_finite(name, params, dtype):
     (grad,) = torch.autograd.grad(g.sum(), log_r)
     assert torch.isfinite(g).all() and torch.isfinite(grad).all()
     assert torch.isfinite(gate.weight_from_log_ratio(log_r.detach())).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_clamped_log_ratio_is_a_straight_through_clamp(dtype):
+    """Value: clamp(logps - base) up to a rounding at the scale of the log-probs; gradient 1 everywhere
+    (also beyond the bound); exactly 0 when base == logps; no gradient reaches the base."""
+    gen = torch.Generator().manual_seed(0)
+    logps = (-60 * torch.rand(2000, generator=gen, dtype=torch.float64)).to(dtype)
+    delta = torch.cat([torch.randn(1900, generator=gen, dtype=torch.float64) * 0.05,
+                       torch.linspace(-40, 40, 100, dtype=torch.float64)]).to(dtype)
+    base = (logps - delta).requires_grad_(True)
+    logps.requires_grad_(True)
+    out = clamped_log_ratio(logps, base)
+    reference = (logps.detach().double() - base.detach().double()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    scale = torch.maximum(logps.detach().abs(), base.detach().abs()).double().clamp_min(1.0)
+    ulp = torch.finfo(dtype).eps * scale
+    assert ((out.detach().double() - reference).abs() <= 2 * ulp).all()
+    torch.testing.assert_close(out, clamp_log_ratio(logps - base), rtol=0, atol=float(2 * ulp.max()))
+    (grad,) = torch.autograd.grad(out.sum(), logps)
+    assert (grad == 1).all() and base.grad is None
+    assert (clamped_log_ratio(logps, logps.detach()) == 0).all()
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,8 @@ def test_cli_parses_flags():
 
 
 def test_rgpo_calls_library_loss_and_adapts_beta(tmp_path, monkeypatch):
+    import torch
+
     module = load("rgpo")
     calls = []
     real = rgpo_trl.rgpo_loss
@@ -138,12 +140,28 @@ def test_rgpo_calls_library_loss_and_adapts_beta(tmp_path, monkeypatch):
         calls.append(kw["kl_coef"])
         return real(*a, **kw)
 
+    diag_calls = []
+    real_diag = rgpo_trl.rgpo_diagnostics
+
+    def diag_spy(logps, old_logps, gate, **kw):
+        out = real_diag(logps, old_logps, gate, **kw)
+        diag_calls.append((logps.shape, gate, out["kl_old"]))
+        return out
+
     monkeypatch.setattr(rgpo_trl, "rgpo_loss", spy)
+    monkeypatch.setattr(rgpo_trl, "rgpo_diagnostics", diag_spy)
     # a small target makes beta move (doubling), checking the rule on real KLs
     module.main(small_args(module, tmp_path, "r", total_timesteps=256 * 4, kl_target=0.002))
     rows = read_rows(tmp_path / "r")
-    n_updates = sum(int(r["epochs"]) for r in rows) * 256 // 64
-    assert len(calls) == n_updates > 0
+    n_epochs = sum(int(r["epochs"]) for r in rows)
+    assert len(calls) == n_epochs * 256 // 64 > 0
+    # the logged stats come from the library's diagnostics: one call per epoch, a row per mini-batch,
+    # and the logged KL is the mean of those rows
+    assert len(diag_calls) == n_epochs and all(shape == (4, 64) for shape, _, _ in diag_calls)
+    assert all(gate.name == "sigmoid" and gate.k == 5.0 for _, gate, _ in diag_calls)
+    first_iteration = torch.cat([kl for _, _, kl in diag_calls[: int(rows[0]["epochs"])]])
+    assert rows[0]["kl"] == pytest.approx(first_iteration.double().mean().item(), rel=1e-6)
+    assert rows[0]["kl_max"] == pytest.approx(first_iteration.max().item(), rel=1e-6)
     assert rows[0]["kl_coef"] == 0.5
     beta = 0.5
     for row in rows:
@@ -156,6 +174,21 @@ def test_rgpo_calls_library_loss_and_adapts_beta(tmp_path, monkeypatch):
     assert any(r["kl_coef_next"] != r["kl_coef"] for r in rows)
     # the value used for every mini-batch is the controller's value of that iteration
     assert calls[0] == 0.5 and set(calls) <= {r["kl_coef"] for r in rows}
+
+
+def test_ppo_epoch_stats_match_per_minibatch_float64_formulas():
+    import torch
+
+    module = load("ppo")
+    gen = torch.Generator().manual_seed(0)
+    new, old = torch.randn(3, 16, generator=gen), torch.randn(3, 16, generator=gen)
+    st = module.ppo_epoch_stats(new, old, 0.2).double()
+    for i in range(3):
+        lr = (new[i] - old[i]).double()
+        r = lr.exp()
+        w = r.clamp(0.8, 1.2)
+        expected = [(r - 1 - lr).mean(), w.sum() ** 2 / (16 * (w * w).sum()), ((r - 1).abs() > 0.2).double().mean()]
+        torch.testing.assert_close(st[i], torch.stack(expected), rtol=1e-5, atol=1e-6)
 
 
 def test_rgpo_backstop_leaves_epoch_loop(tmp_path):
@@ -188,9 +221,9 @@ def test_nan_loss_stops_with_iteration(method, tmp_path, monkeypatch):
     count = [0]
 
     def poisoned(*a, **kw):
-        loss, stats = real(*a, **kw)
+        loss = real(*a, **kw)
         count[0] += 1
-        return (loss * torch.nan if count[0] == 7 else loss), stats
+        return loss * torch.nan if count[0] == 7 else loss
 
     monkeypatch.setattr(module, name, poisoned)
     with pytest.raises(module.NonFiniteLossError, match="iteration 1 "):
@@ -252,6 +285,7 @@ def test_env_resets_explicitly_without_fake_transitions():
 def test_rgpo_script_imports_library_loss():
     src = open(os.path.join(ROOT, "mujoco_baselines", "rgpo_continuous_action.py")).read()
     assert "rgpo_trl.rgpo_loss(" in src and "def rgpo_loss" not in src
+    assert "rgpo_trl.rgpo_diagnostics(" in src and "def rgpo_diagnostics" not in src
 
 
 @pytest.mark.skipif(

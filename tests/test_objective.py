@@ -4,7 +4,15 @@ import pytest
 import torch
 from torch import nn
 
-from rgpo_trl import effective_sample_size, kl_old_estimate, kl_ref_estimate, make_gate, rgpo_loss, rgpo_terms
+from rgpo_trl import (
+    effective_sample_size,
+    kl_old_estimate,
+    kl_ref_estimate,
+    make_gate,
+    rgpo_diagnostics,
+    rgpo_loss,
+    rgpo_terms,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -216,6 +224,10 @@ def test_effective_sample_size_identities():
     w = torch.tensor([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert effective_sample_size(w, mask).item() == pytest.approx(36 / (3 * 14))
+    # per row: [1, 2] -> 9 / (2 * 5); [3] -> 1; a row of zeros -> 0
+    rows = effective_sample_size(torch.cat([w, torch.zeros(1, 3)]), torch.cat([mask, torch.ones(1, 3)]), dim=-1)
+    torch.testing.assert_close(rows.double(), torch.tensor([0.9, 1.0, 0.0]))
+    torch.testing.assert_close(effective_sample_size(w, dim=1).double(), torch.tensor([144 / 258, 441 / 513]))
 
 
 def test_invalid_loss_arguments_raise():
@@ -245,3 +257,65 @@ def test_per_sequence_log_ratios_with_a_token_mask_are_token_weighted():
     for key in diag:
         torch.testing.assert_close(diag[key], diag_e[key])
     assert diag["ref_ratio_larger_frac"].item() == 1.0  # log r_ref = 0.3 > log r_old = -0.2
+
+
+@pytest.mark.parametrize("name,params", GATE_SPECS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_diagnostics_per_row_equal_the_losss_per_call(name, params, masked):
+    """rgpo_diagnostics(dim=-1) on stacked mini-batches == rgpo_loss's diagnostics of each mini-batch
+    (what the MuJoCo scripts rely on when they reduce once per epoch)."""
+    gen = torch.Generator().manual_seed(11)
+    gate = make_gate(name, **params)
+    logps = torch.randn(4, 6, generator=gen)
+    old = logps + 0.4 * torch.randn(4, 6, generator=gen)
+    ref = logps + 0.4 * torch.randn(4, 6, generator=gen)
+    mask = (torch.rand(4, 6, generator=gen) > 0.3).double() if masked else None
+    if masked:
+        mask[2] = 0.0  # a row with nothing valid: means 0, ESS 0, maxima -inf
+    kw = dict(ref_logps=ref, ratio_mode="dual")
+    rows = rgpo_diagnostics(logps, old, gate, mask=mask, dim=-1, **kw)
+    for i in range(4):
+        _, diag = rgpo_loss(logps[i], old[i], torch.ones(6), gate, mask=None if mask is None else mask[i],
+                            ref_logps=ref[i], ratio_mode="dual")
+        assert set(rows) == set(diag)
+        for key in diag:
+            torch.testing.assert_close(rows[key][i], diag[key], msg=key)
+    if masked:
+        assert rows["ess"][2].item() == 0.0 and rows["ratio_old_max"][2].item() == -float("inf")
+    # dim=0 reduces columns; dim=None everything, equal to one call on all elements
+    _, whole = rgpo_loss(logps, old, torch.ones(4, 6), gate, mask=mask, **kw)
+    for key, value in rgpo_diagnostics(logps, old, gate, mask=mask, **kw).items():
+        torch.testing.assert_close(value, whole[key], msg=key)
+    cols = rgpo_diagnostics(logps, old, gate, mask=mask, dim=0, **kw)
+    _, col1 = rgpo_loss(logps[:, 1], old[:, 1], torch.ones(4), gate, mask=None if mask is None else mask[:, 1],
+                        **{k: v[:, 1] if torch.is_tensor(v) else v for k, v in kw.items()})
+    torch.testing.assert_close(cols["ess"][1], col1["ess"])
+    assert cols["kl_old"].shape == (6,)
+
+
+@pytest.mark.parametrize("name,params", GATE_SPECS)
+@pytest.mark.parametrize("setting", ["dual_masked", "old_plain", "on_policy"])
+def test_loss_without_diagnostics_is_the_same_loss_and_gradient(name, params, setting):
+    """diagnostics=False (and its shortcut for ratio_mode "old" without a reference) gives the same
+    loss and gradient as the full path, including log-ratios beyond the clamp."""
+    gen = torch.Generator().manual_seed(2)
+    old, ref, adv = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen), torch.randn(3, 1, generator=gen)
+    delta = 0.3 * torch.randn(3, 5, generator=gen)
+    delta[1, 2], delta[2, 4] = 30.0, -30.0  # outside +-LOG_RATIO_CLAMP: straight-through gradient
+    mask = torch.ones(3, 5)
+    mask[0, 3:] = 0
+    kw = dict(kl_coef=0.7)
+    if setting == "dual_masked":
+        kw.update(ref_logps=ref, ref_kl_coef=0.05, ratio_mode="dual", mask=mask)
+    results = []
+    for diagnostics in (True, False):
+        logps = (old + delta).requires_grad_(True)
+        loss, diag = rgpo_loss(logps, None if setting == "on_policy" else old, adv, make_gate(name, **params),
+                               diagnostics=diagnostics, **kw)
+        loss.backward()
+        results.append((loss.detach(), logps.grad))
+        assert bool(diag) == diagnostics
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+    assert torch.isfinite(results[0][1]).all()
+    terms = rgpo_terms(old + 0.1, old, make_gate("sigmoid"), with_weights=False)
+    assert terms.weight is None and terms.ratio_old is None and terms.gate is not None
