@@ -24,9 +24,11 @@ Two measurements, both interleaved so that machine load hits every variant alike
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -122,6 +124,9 @@ def e2e(args, tmp):
                  "--output-dir", os.path.join(tmp, "runs"), "--no-verbose"],
                 tmp,
             )  # fmt: skip
+    # A/A control: the same PPO run again in every round; its ratio to ours_ppo_64 shows how much two
+    # identical runs differ on this machine (the noise floor of the end-to-end ratios)
+    variants["ours_ppo_64_control"] = variants["ours_ppo_64"]
     names = list(variants)
     results = {
         n: {"sps": [], "wall": [], "update_time": [], "rollout_time": [], "run_update_time": []}
@@ -237,12 +242,24 @@ def _microbench_width(width, ppo_mod, rgpo_mod, blocks, update_epochs=10):
         agents[name].load_state_dict(agents["ppo"].state_dict())
     old = {}
 
-    def new_rollout():  # behaviour policy := current policy, per variant (as after a new rollout)
+    opts = {k: torch.optim.Adam(a.parameters(), lr=3e-4, eps=1e-5) for k, a in agents.items()}
+    shuffle = random.Random(0).shuffle
+
+    def new_rollout():
+        """Behaviour policy := current policy, per variant (as after a new rollout). Networks and
+        optimiser states are also re-allocated, in random order: where a variant's tensors sit in
+        memory shifts its step time by ~1%, and re-placing them averages that out."""
+        order = list(agents)
+        shuffle(order)
+        for name in order:
+            agents[name] = copy.deepcopy(agents[name])
+            state = copy.deepcopy(opts[name].state_dict())
+            opts[name] = torch.optim.Adam(agents[name].parameters(), lr=3e-4, eps=1e-5)
+            opts[name].load_state_dict(state)
         with torch.no_grad():
             for name, agent in agents.items():
                 old[name] = agent.log_prob(agent.actor_mean(obs), actions), agent.critic(obs).squeeze(-1)
 
-    opts = {k: torch.optim.Adam(a.parameters(), lr=3e-4, eps=1e-5) for k, a in agents.items()}
     gate = rgpo_mod.make_gate(ra)
     kl_ctl = rgpo_trl_controller(ra)
     policy_losses = {
@@ -366,6 +383,8 @@ def main():
         for w in (64, 256):
             rg, pp = e2e_res[f"ours_rgpo_{w}"]["run_update_time"], e2e_res[f"ours_ppo_{w}"]["run_update_time"]
             per_round[f"rgpo_over_ppo_update_time_{w}"] = [x / y for x, y in zip(rg, pp, strict=True)]
+        aa, pp = e2e_res["ours_ppo_64_control"]["run_update_time"], e2e_res["ours_ppo_64"]["run_update_time"]
+        per_round["ppo_control_over_ppo_update_time_64"] = [x / y for x, y in zip(aa, pp, strict=True)]
         ratios = {k: statistics.median(v) for k, v in per_round.items()}
     result = {
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]).replace(args.cleanrl_path, "<cleanrl>"),
@@ -411,13 +430,17 @@ def main():
         for w in (64, 256):
             pr = ", ".join(f"{x:.2f}" for x in per_round[f"rgpo_over_ppo_update_time_{w}"])
             lines.append(f"- width {w}: {ratios[f'rgpo_over_ppo_update_time_{w}']:.3f} (per round: {pr})")
+        pr = ", ".join(f"{x:.2f}" for x in per_round["ppo_control_over_ppo_update_time_64"])
+        lines.append(f"- A/A control, PPO run twice, width 64: {ratios['ppo_control_over_ppo_update_time_64']:.3f} "
+                     f"(per round: {pr})")  # fmt: skip
         lines.append("")
         lines += ["CleanRL fixes applied (gymnasium 1.x):", *[f"- {d}" for d in patches], ""]
     lines += [
         "RGPO/PPO update time, in-process microbenchmark: full mini-batch steps of PPO, RGPO and a second PPO "
         "(A/A control) interleaved step by step, one block = one epoch of 32 steps per variant plus its stats "
-        f"reduction, old log-probs refreshed every 10 blocks; median over {micro[64]['blocks']} blocks of the "
-        "per-block time ratio, bootstrap 95% interval:",
+        "reduction; every 10 blocks the old log-probs are refreshed and the networks and optimisers "
+        "re-allocated in random order (memory placement alone shifts a variant by ~1%); "
+        f"median over {micro[64]['blocks']} blocks of the per-block time ratio, bootstrap 95% interval:",
         "",
         "| width | PPO epoch ms | RGPO / PPO | 95% CI | PPO control / PPO (A/A) | 95% CI |",
         "|---|---|---|---|---|---|",

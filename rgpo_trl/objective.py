@@ -181,7 +181,6 @@ def rgpo_loss(
     else:
         # The MuJoCo scripts' per-mini-batch path: rgpo_terms' math for ratio_mode "old" without
         # building the terms object (on 64-sample tensors Python overhead is a visible share of a step).
-        check_ratio_mode(ratio_mode)
         log_ratio = clamped_log_ratio(logps, logps.detach() if old_logps is None else old_logps)
         expm1 = torch.expm1(log_ratio)
         gate_value, kl_old = gate.value(log_ratio, expm1), expm1 - log_ratio
