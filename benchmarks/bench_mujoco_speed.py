@@ -220,8 +220,9 @@ def _microbench_width(width, ppo_mod, rgpo_mod, blocks, update_epochs=10):
 
     Every ``update_epochs`` blocks the old log-probs are refreshed from each variant's current policy,
     as a new rollout would (without it the policy drifts arbitrarily far from pi_old, which no
-    training run does). Every step, the three variants take turns on the same mini-batch indices in rotating order, so
-    load drift on a shared machine hits all alike. A block is one epoch (32 steps per variant); the
+    training run does), and the networks are re-allocated (see ``new_rollout``). Every step, the
+    three variants take turns on the same mini-batch indices in rotating order, so load drift on a
+    shared machine hits all alike. A block is one epoch (32 steps per variant); the
     statistic is the median over blocks of the per-block time ratio to PPO, with a bootstrap 95%
     interval. The control runs PPO's loss on its own network copy and optimiser: its ratio (ideally
     1.000) shows the measurement's bias and noise floor."""
@@ -339,8 +340,6 @@ def _microbench_width(width, ppo_mod, rgpo_mod, blocks, update_epochs=10):
 
 def bootstrap_median_ci(values, n_boot=4000, seed=0):
     """Percentile-bootstrap 95% interval of the median of ``values``."""
-    import random
-
     rng = random.Random(seed)
     meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n_boot))
     return meds[int(0.025 * n_boot)], meds[int(0.975 * n_boot) - 1]
