@@ -266,13 +266,12 @@ def _microbench_width(width, ppo_mod, rgpo_mod, blocks, update_epochs=10):
     policy_losses = {
         "ppo": lambda newlp, oldlp, a: ppo_mod.ppo_policy_loss(newlp, oldlp, a, 0.2),
         "rgpo": lambda newlp, oldlp, a: rgpo_mod.rgpo_policy_loss(newlp, oldlp, a, gate, kl_ctl.value),
-        "ppo_control": lambda newlp, oldlp, a: ppo_mod.ppo_policy_loss(newlp, oldlp, a, 0.2),
     }
     epoch_stats = {
         "ppo": lambda newlps, oldlps: ppo_mod.ppo_epoch_stats(newlps, oldlps, 0.2),
         "rgpo": lambda newlps, oldlps: rgpo_mod.rgpo_epoch_stats(newlps, oldlps, gate),
-        "ppo_control": lambda newlps, oldlps: ppo_mod.ppo_epoch_stats(newlps, oldlps, 0.2),
     }
+    policy_losses["ppo_control"], epoch_stats["ppo_control"] = policy_losses["ppo"], epoch_stats["ppo"]
     kept = {}  # per variant: (log-probs, indices) of the epoch's steps, for the per-epoch stats
 
     def step(name, idx):  # the scripts' update step (value clipping, grad-variance stats, clip, Adam)
