@@ -261,11 +261,16 @@ def _microbench_width(width, ppo_mod, rgpo_mod, blocks, update_epochs=10):
             for name, agent in agents.items():
                 old[name] = agent.log_prob(agent.actor_mean(obs), actions), agent.critic(obs).squeeze(-1)
 
-    gate = rgpo_mod.make_gate(ra)
-    kl_ctl = rgpo_trl_controller(ra)
+    import rgpo_trl
+
+    gate = rgpo_trl.make_gate(ra.gate, **ra.gate_params)
+    kl_ctl = rgpo_trl.make_kl_controller(
+        ra.kl_controller, kl_coef=ra.kl_coef, kl_target=ra.kl_target, kl_coef_min=ra.kl_coef_min,
+        kl_coef_max=ra.kl_coef_max,
+    )
     policy_losses = {
         "ppo": lambda newlp, oldlp, a: ppo_mod.ppo_policy_loss(newlp, oldlp, a, 0.2),
-        "rgpo": lambda newlp, oldlp, a: rgpo_mod.rgpo_policy_loss(newlp, oldlp, a, gate, kl_ctl.value),
+        "rgpo": lambda newlp, oldlp, a: rgpo_mod.rgpo_policy_loss(newlp, oldlp, a, gate, kl_ctl.kl_coef),
     }
     epoch_stats = {
         "ppo": lambda newlps, oldlps: ppo_mod.ppo_epoch_stats(newlps, oldlps, 0.2),
@@ -342,14 +347,6 @@ def bootstrap_median_ci(values, n_boot=4000, seed=0):
     rng = random.Random(seed)
     meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n_boot))
     return meds[int(0.025 * n_boot)], meds[int(0.975 * n_boot) - 1]
-
-
-def rgpo_trl_controller(a):
-    import rgpo_trl
-
-    return rgpo_trl.AdaptiveKLController(
-        init=a.kl_coef, target=a.kl_target, min=a.kl_coef_min, max=a.kl_coef_max
-    )
 
 
 def main():

@@ -237,7 +237,7 @@ def awr_policy_loss(newlogprob, oldlogprob, advantages, beta, max_weight):
         weights = raw.clamp(max=max_weight)
     pg_loss = -(weights * newlogprob).mean()
     with torch.no_grad():
-        kl = rgpo_trl.kl_old_estimate(newlogprob - oldlogprob).mean()
+        kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(newlogprob - oldlogprob)).mean()
         ess = rgpo_trl.effective_sample_size(weights)
         clipfrac = (raw > max_weight).float().mean()
     return pg_loss, torch.stack([kl, ess, clipfrac, weights.max()])

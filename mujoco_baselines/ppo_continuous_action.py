@@ -239,7 +239,7 @@ def ppo_epoch_stats(newlogprobs, oldlogprobs, clip_coef):
     mini-batch step. ESS uses w = clip(r) (Ablation D)."""
     logratio = newlogprobs - oldlogprobs
     ratio = logratio.exp()
-    kl = rgpo_trl.kl_old_estimate(logratio).mean(-1)
+    kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean(-1)
     ess = rgpo_trl.effective_sample_size(ratio.clamp(1 - clip_coef, 1 + clip_coef), dim=-1)
     clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean(-1)
     return torch.stack([kl, ess, clipfrac], dim=1)

@@ -1,6 +1,6 @@
 # RGPO (Rejection-Gated Policy Optimization) on MuJoCo, CleanRL-style single file.
 # The policy loss is rgpo_trl.rgpo_loss (the same code the TRL trainer uses), with a gate from
-# rgpo_trl.make_gate and the adaptive KL-to-old coefficient rgpo_trl.AdaptiveKLController.
+# rgpo_trl.make_gate and the KL-to-old coefficient from rgpo_trl.make_kl_controller (adaptive by default).
 # Part of rgpo-trl's MuJoCo baselines: ppo / rgpo / trpo / awr share every line except the policy
 # update (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -97,17 +97,13 @@ class Args:
 
     # RGPO specific (paper Sec. 5 and App. Implementation Details; Ablation A for the gates)
     gate: str = "sigmoid"
-    """acceptance gate: sigmoid | clipped_linear | temperature (also is | ppo_clip, for reference)"""
-    gate_k: float = 5.0
-    """sigmoid sharpness k: g(r) = sigmoid(k (r - 1))"""
-    gate_c: float = 2.0
-    """clipped_linear cap c: g(r) = clip(r, 0, c)"""
-    gate_temperature: float = 1.0
-    """temperature gate exponent b: g(r) = sigmoid(b log r)"""
-    gate_eps: float = 0.2
-    """ppo_clip gate epsilon (reference gate only)"""
-    adaptive_kl: bool = True
-    """adapt the KL-to-old coefficient after every iteration (paper Eq. beta_update)"""
+    """acceptance gate: any name registered with rgpo_trl.register_gate (built in: sigmoid, clipped_linear,
+    temperature; is and ppo_clip as reference correspondences)"""
+    gate_params: dict[str, float] = field(default_factory=dict)
+    """the gate's parameters as name value pairs, e.g. `--gate-params k 10` (sigmoid k, default 5;
+    clipped_linear c, default 2; temperature temperature, default 1; ppo_clip eps, default 0.2)"""
+    kl_controller: str = "adaptive"
+    """rule for the KL-to-old coefficient after every iteration: adaptive (paper Eq. beta_update) | fixed"""
     kl_coef: float = 0.5
     """initial KL-to-old coefficient beta_0"""
     kl_target: float = 0.02
@@ -248,19 +244,6 @@ class Agent(nn.Module):
 # --------------------------------------------------------------------------------------------- #
 # Method-specific part: the RGPO loss, from the library (never a copy).
 # --------------------------------------------------------------------------------------------- #
-def make_gate(args: Args):
-    params = {
-        "sigmoid": {"k": args.gate_k},
-        "clipped_linear": {"c": args.gate_c},
-        "temperature": {"temperature": args.gate_temperature},
-        "is": {},
-        "ppo_clip": {"eps": args.gate_eps},
-    }
-    if args.gate not in params:
-        raise ValueError(f"--gate must be one of {sorted(params)}, got {args.gate!r}")
-    return rgpo_trl.make_gate(args.gate, **params[args.gate])
-
-
 def rgpo_policy_loss(newlogprob, oldlogprob, advantages, gate, kl_coef):
     """-mean(g(r) A) + beta * mean(r - 1 - log r) via rgpo_trl.rgpo_loss; its diagnostics are reduced
     once per epoch by `rgpo_epoch_stats` instead of per mini-batch step."""
@@ -319,9 +302,13 @@ def main(args: Args) -> dict:
     agent = Agent(env.obs_dim, env.act_dim, args)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     policy_params = agent.policy_parameters()
-    gate = make_gate(args)
-    kl_ctl = rgpo_trl.AdaptiveKLController(
-        init=args.kl_coef, target=args.kl_target, min=args.kl_coef_min, max=args.kl_coef_max
+    gate = rgpo_trl.make_gate(args.gate, **args.gate_params)
+    kl_ctl = rgpo_trl.make_kl_controller(
+        args.kl_controller,
+        kl_coef=args.kl_coef,
+        kl_target=args.kl_target,
+        kl_coef_min=args.kl_coef_min,
+        kl_coef_max=args.kl_coef_max,
     )
     n_policy_params = sum(p.numel() for p in policy_params)
 
@@ -403,7 +390,7 @@ def main(args: Args) -> dict:
                         mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
 
                     # policy loss
-                    pg_loss = rgpo_policy_loss(newlogprob, b_logprobs[idx], mb_adv, gate, kl_ctl.value)
+                    pg_loss = rgpo_policy_loss(newlogprob, b_logprobs[idx], mb_adv, gate, kl_ctl.kl_coef)
 
                     # value loss
                     mb_ret = b_returns[idx]
@@ -451,9 +438,8 @@ def main(args: Args) -> dict:
             new_eps = episode_returns[n_episodes_before:]
             iter_time = time.perf_counter() - iter_start
             kl_mean = float(st[:, 0].mean())
-            kl_coef_used = kl_ctl.value
-            if args.adaptive_kl:
-                kl_ctl.update(kl_mean)  # paper Eq. beta_update, from this iteration's mean KL
+            kl_coef_used = kl_ctl.kl_coef
+            kl_ctl.update(kl_mean)  # paper Eq. beta_update (adaptive), from this iteration's mean KL
             row = {
                 "iteration": iteration,
                 "global_step": global_step,
@@ -480,7 +466,7 @@ def main(args: Args) -> dict:
             for j, name in enumerate(STAT_NAMES[2:], start=2):
                 row[name] = float(st[:, j].max() if name.endswith("_max") else st[:, j].mean())
             row["kl_coef"] = kl_coef_used
-            row["kl_coef_next"] = kl_ctl.value
+            row["kl_coef_next"] = kl_ctl.kl_coef
             row["backstop"] = int(backstop)
             if csv_writer is None:
                 csv_writer = csv.DictWriter(csv_file, fieldnames=list(row))

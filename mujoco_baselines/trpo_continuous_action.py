@@ -463,7 +463,7 @@ def main(args: Args) -> dict:
                     stats.append(
                         torch.stack(
                             [
-                                rgpo_trl.kl_old_estimate(lr_mb).mean(),
+                                rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(lr_mb)).mean(),
                                 rgpo_trl.effective_sample_size(lr_mb.exp()),
                                 torch.tensor(trpo_kl),
                                 torch.tensor(step_frac),

@@ -10,18 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .gates import GATES, LOG_RATIO_CLAMP, Gate, clamp_log_ratio, clamped_log_ratio, make_gate
-from .kl_control import AdaptiveKLController
-from .objective import (
-    RATIO_MODES,
-    RGPOTerms,
-    effective_sample_size,
-    kl_old_estimate,
-    kl_ref_estimate,
-    rgpo_diagnostics,
-    rgpo_loss,
-    rgpo_terms,
-)
+from .core import *  # noqa: F403
+from .core import __all__ as _core_all
 
 __version__ = "0.1.0"
 
@@ -41,22 +31,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'rgpo_trl' has no attribute {name!r}")
 
 
-__all__ = [
-    "GATES",
-    "LOG_RATIO_CLAMP",
-    "RATIO_MODES",
-    "AdaptiveKLController",
-    "Gate",
-    "RGPOConfig",
-    "RGPOTerms",
-    "RGPOTrainer",
-    "clamp_log_ratio",
-    "clamped_log_ratio",
-    "effective_sample_size",
-    "kl_old_estimate",
-    "kl_ref_estimate",
-    "make_gate",
-    "rgpo_diagnostics",
-    "rgpo_loss",
-    "rgpo_terms",
-]
+__all__ = [*_core_all, "RGPOConfig", "RGPOTrainer"]

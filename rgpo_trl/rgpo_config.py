@@ -16,33 +16,14 @@ refused at construction with a ``ValueError`` that names the field, rather than 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from trl import GRPOConfig
 
-from .gates import GATES, Gate, make_gate
-from .objective import RATIO_MODES
-
-# Which RGPOConfig field holds the parameter of each gate (the others are ignored for that gate).
-GATE_PARAM_FIELDS: dict[str, dict[str, str]] = {
-    "sigmoid": {"k": "gate_k"},
-    "clipped_linear": {"c": "gate_c"},
-    "temperature": {"temperature": "gate_temperature"},
-    "is": {},
-    "ppo_clip": {"eps": "gate_eps"},
-}
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+from .core import GATES, KL_CONTROLLERS, RATIO_MODES, Gate, KLController, describe_gates, make_gate, make_kl_controller
 
 
 @dataclass
@@ -60,53 +41,38 @@ class RGPOConfig(GRPOConfig):
     accepted).
 
     Parameters (new or with a new default):
-        gate (`str`, defaults to `"sigmoid"`): acceptance gate g, one of `sigmoid`, `clipped_linear`,
-            `temperature`, and the reference correspondences `is` (importance sampling) and `ppo_clip`.
-        gate_k (`float`, defaults to `5.0`): sigmoid sharpness k, g(r) = sigmoid(k (r - 1)).
-        gate_c (`float`, defaults to `2.0`): cap c of the clipped-linear gate, g(r) = clip(r, 0, c).
-        gate_temperature (`float`, defaults to `1.0`): exponent b of the temperature gate, sigmoid(b log r).
-        gate_eps (`float`, defaults to `0.2`): eps of the `ppo_clip` gate, clip(r, 1 - eps, 1 + eps).
+        gate (`str`, defaults to `"sigmoid"`): acceptance gate g, any name registered with
+            `rgpo_trl.register_gate` (built in: `sigmoid`, `clipped_linear`, `temperature`, and the reference
+            correspondences `is` and `ppo_clip`).
+        gate_params (`dict` or JSON `str`, defaults to `{}`): the gate's parameters, e.g. `{"k": 5.0}`; each
+            gate declares its parameters, defaults and allowed ranges.
         ratio_mode (`str`, defaults to `"dual"`): which ratio is gated: `old`, `ref` or `dual`.
+        kl_controller (`str`, defaults to `"adaptive"`): rule for the KL-to-old coefficient (`adaptive`, `fixed`).
         kl_coef (`float`, defaults to `0.5`): initial KL-to-old coefficient (beta_0 of the paper).
         kl_target (`float`, defaults to `0.02`): target KL-to-old per iteration (Delta of the paper).
         kl_coef_min (`float`, defaults to `0.01`), kl_coef_max (`float`, defaults to `5.0`): bounds.
-        adaptive_kl (`bool`, defaults to `True`): adapt the KL-to-old coefficient once per iteration.
         beta (`float`, defaults to `0.05`): fixed KL-to-reference coefficient beta_ref.
         num_iterations (`int`, defaults to `2`): optimisation passes over each generation batch.
         loss_type (`str`, defaults to `"dapo"`): loss aggregation; only `"dapo"` is supported.
     """
 
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["gate_params"]
+
     # ---- gate ----
     gate: str = field(
         default="sigmoid",
         metadata={
-            "help": "Acceptance gate g(r) applied to the importance ratio (paper Sec. 4.4). One of 'sigmoid' "
-            "(paper default), 'clipped_linear', 'temperature', and the reference correspondences 'is' "
-            "(g(r) = r, TRPO/importance sampling) and 'ppo_clip' (g(r) = clip(r, 1-eps, 1+eps)).",
-            "choices": sorted(GATES),
+            "help": "Acceptance gate g(r) applied to the importance ratio (paper Sec. 4.4): any gate registered "
+            "with rgpo_trl.register_gate. Built in, with their parameters (set them in `gate_params`): "
+            f"{describe_gates()}. 'is' (g(r) = r) and 'ppo_clip' are reference correspondences, not gates."
         },
     )
-    gate_k: float = field(
-        default=5.0,
+    gate_params: dict[str, Any] | str | None = field(
+        default=None,
         metadata={
-            "help": "Sharpness k of the 'sigmoid' gate g(r) = sigmoid(k (r - 1)). Paper: 5. Must be > 0."
-        },
-    )
-    gate_c: float = field(
-        default=2.0,
-        metadata={"help": "Cap c of the 'clipped_linear' gate g(r) = clip(r, 0, c). Must be > 0."},
-    )
-    gate_temperature: float = field(
-        default=1.0,
-        metadata={
-            "help": "Exponent b of the 'temperature' gate g(r) = r^b / (1 + r^b) = sigmoid(b log r). Must be > 0."
-        },
-    )
-    gate_eps: float = field(
-        default=0.2,
-        metadata={
-            "help": "eps of the 'ppo_clip' reference gate g(r) = clip(r, 1-eps, 1+eps). Must be in (0, 1). "
-            "(GRPO's own `epsilon` / `epsilon_high` are not used by the RGPO loss.)"
+            "help": "Parameters of the gate as a dict or JSON string, e.g. '{\"k\": 10}' for the sigmoid's k. "
+            "Missing parameters take the gate's declared default; unknown names and values outside the "
+            "declared range are refused."
         },
     )
     ratio_mode: str = field(
@@ -141,10 +107,11 @@ class RGPOConfig(GRPOConfig):
     kl_coef_max: float = field(
         default=5.0, metadata={"help": "Upper bound of the adaptive KL-to-old coefficient (paper: 5)."}
     )
-    adaptive_kl: bool = field(
-        default=True,
+    kl_controller: str = field(
+        default="adaptive",
         metadata={
-            "help": "Adapt the KL-to-old coefficient once per iteration (paper). If False it stays at `kl_coef`."
+            "help": "Rule for the KL-to-old coefficient, once per iteration: 'adaptive' (paper Eq. beta_update, "
+            "see kl_target) or 'fixed' (stays at kl_coef); more with rgpo_trl.register_kl_controller.",
         },
     )
     # ---- inherited fields with RGPO defaults / meaning ----
@@ -188,23 +155,21 @@ class RGPOConfig(GRPOConfig):
         super().__post_init__()
 
     def _validate_rgpo(self) -> None:
-        if self.gate not in GATES:
-            raise ValueError(f"gate must be one of {sorted(GATES)}, got {self.gate!r}")
-        for name in ("gate_k", "gate_c", "gate_temperature", "gate_eps"):
-            _check_positive(name, getattr(self, name))
-        if not self.gate_eps < 1:
-            raise ValueError(f"gate_eps must be in (0, 1), got {self.gate_eps!r}")
+        if isinstance(self.gate_params, str):
+            try:
+                self.gate_params = json.loads(self.gate_params)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"gate_params must be a JSON object, got {self.gate_params!r}") from err
+        self.gate_params = dict(self.gate_params or {})
+        try:
+            self.make_gate()  # validates the name and the parameters against the gate's declaration
+        except ValueError as err:
+            raise ValueError(f"gate_params: {err}" if self.gate in GATES else str(err)) from err
         if self.ratio_mode not in RATIO_MODES:
             raise ValueError(f"ratio_mode must be one of {list(RATIO_MODES)}, got {self.ratio_mode!r}")
-        for name in ("kl_coef", "kl_target", "kl_coef_min", "kl_coef_max"):
-            _check_positive(name, getattr(self, name))
-        if self.kl_coef_min > self.kl_coef_max:
-            raise ValueError(f"kl_coef_min ({self.kl_coef_min}) must be <= kl_coef_max ({self.kl_coef_max})")
-        if not self.kl_coef_min <= self.kl_coef <= self.kl_coef_max:
-            raise ValueError(
-                f"kl_coef ({self.kl_coef}) must lie in [kl_coef_min, kl_coef_max] = "
-                f"[{self.kl_coef_min}, {self.kl_coef_max}]"
-            )
+        if self.kl_controller not in KL_CONTROLLERS:
+            raise ValueError(f"kl_controller must be one of {sorted(KL_CONTROLLERS)}, got {self.kl_controller!r}")
+        self.make_kl_controller()  # validates kl_coef and the controller's own settings
         if (
             isinstance(self.beta, bool)
             or not isinstance(self.beta, (int, float))
@@ -264,6 +229,15 @@ class RGPOConfig(GRPOConfig):
                 raise ValueError(f"{name}={getattr(self, name)!r} is not supported by RGPOTrainer: {why}.")
 
     def make_gate(self) -> Gate:
-        """The `Gate` described by ``gate`` and its parameter field."""
-        params = {param: getattr(self, fld) for param, fld in GATE_PARAM_FIELDS[self.gate].items()}
-        return make_gate(self.gate, **params)
+        """The `Gate` named by ``gate`` with ``gate_params``."""
+        return make_gate(self.gate, **self.gate_params)
+
+    def make_kl_controller(self) -> KLController:
+        """A fresh KL-to-old controller named by ``kl_controller``."""
+        return make_kl_controller(
+            self.kl_controller,
+            kl_coef=self.kl_coef,
+            kl_target=self.kl_target,
+            kl_coef_min=self.kl_coef_min,
+            kl_coef_max=self.kl_coef_max,
+        )

@@ -32,23 +32,15 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from .kl_control import AdaptiveKLController
-from .objective import rgpo_loss
+from .core import ess_from_moments, masked_mean, rgpo_loss
 from .rgpo_config import RGPOConfig
 
 KL_CONTROLLER_FILE = "rgpo_kl_controller.json"
 
-# Diagnostics of `rgpo_loss` that are token means (reduced across processes as sum / count) and maxima.
-_MEAN_KEYS = ("gate_mean", "weight_mean", "weight_sq_mean", "rejected_frac", "kl_old", "ratio_old_mean")
-_REF_MEAN_KEYS = ("kl_ref", "ratio_ref_mean")
-_MAX_KEYS = ("ratio_old_max",)
-_REF_MAX_KEYS = ("ratio_ref_max",)
-
 
 def _sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Masked mean over the completion tokens of each sequence, broadcast back to ``(B, T)``."""
-    seq = (x * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
-    return seq.expand_as(x)
+    return masked_mean(x, mask, dim=-1)[:, None].expand_as(x)
 
 
 class RGPOTrainer(GRPOTrainer):
@@ -94,9 +86,7 @@ class RGPOTrainer(GRPOTrainer):
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self.gate = args.make_gate()
         self.ratio_mode = args.ratio_mode
-        self.kl_ctl = AdaptiveKLController(
-            init=args.kl_coef, target=args.kl_target, min=args.kl_coef_min, max=args.kl_coef_max
-        )
+        self.kl_ctl = args.make_kl_controller()
         self.iteration_length = args.steps_per_generation * self.num_iterations  # micro-batches per iteration
         self._reset_iteration_stats()
         if self.args.gradient_accumulation_steps % self.iteration_length == 0 and not (
@@ -115,7 +105,7 @@ class RGPOTrainer(GRPOTrainer):
     @property
     def kl_coef(self) -> float:
         """The current KL-to-old coefficient."""
-        return self.kl_ctl.value
+        return self.kl_ctl.kl_coef
 
     def _reset_iteration_stats(self) -> None:
         self._iter_kl_sum = 0.0  # global sum over the iteration's completion tokens of r_old - 1 - log r_old
@@ -125,8 +115,7 @@ class RGPOTrainer(GRPOTrainer):
         """Update the KL-to-old coefficient from the iteration's mean KLhat_old (identical on all ranks)."""
         if self._iter_kl_count > 0:
             mean_kl = self._iter_kl_sum / self._iter_kl_count
-            if self.args.adaptive_kl:
-                self.kl_ctl.update(mean_kl)
+            self.kl_ctl.update(mean_kl)
             self._metrics["train"]["rgpo/kl_old_iteration"].append(mean_kl)
         self._reset_iteration_stats()
 
@@ -220,7 +209,7 @@ class RGPOTrainer(GRPOTrainer):
                 old_logps,
                 advantages,
                 self.gate,
-                kl_coef=self.kl_ctl.value,
+                kl_coef=self.kl_ctl.kl_coef,
                 ref_kl_coef=self.beta,
                 **common,
             )
@@ -242,7 +231,7 @@ class RGPOTrainer(GRPOTrainer):
                 old_logps,
                 torch.zeros_like(advantages),
                 self.gate,
-                kl_coef=self.kl_ctl.value,
+                kl_coef=self.kl_ctl.kl_coef,
                 ref_kl_coef=self.beta,
                 **common,
             )
@@ -268,38 +257,25 @@ class RGPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _log_rgpo_metrics(self, mode, diag, entropies, mask) -> None:
-        """Reduce the diagnostics across processes (token-weighted means, maxima) and record them."""
-        has_ref = "kl_ref" in diag
-        mean_keys = _MEAN_KEYS + (_REF_MEAN_KEYS if has_ref else ())
-        if "ref_ratio_larger_frac" in diag:
-            mean_keys = mean_keys + ("ref_ratio_larger_frac",)
-        max_keys = _MAX_KEYS + (_REF_MAX_KEYS if has_ref else ())
-
+        """Reduce the diagnostics across processes and record them: ``*_max`` keys as maxima, ESS from the
+        global means of w and w^2, every other key as a token-weighted mean (global sum / global count)."""
+        max_keys = [k for k in diag if k.endswith("_max")]
+        mean_keys = [k for k in diag if k not in max_keys and k != "ess"]
         count = mask.sum().float()
         local_sums = [diag[k].to(count.device) * count for k in mean_keys]
         local_sums += [(entropies.float() * mask).sum(), count]
         totals = self.accelerator.reduce(torch.stack(local_sums), reduction="sum")
         global_count = totals[-1]
-        means = totals[:-1] / global_count.clamp(min=1.0)
-        # Maxima over processes; the ESS of all the step's tokens on all processes from the global means
-        # (sum w)^2 / (N sum w^2) = mean(w)^2 / mean(w^2).
+        means = dict(zip([*mean_keys, "entropy"], (totals[:-1] / global_count.clamp(min=1.0)).tolist(), strict=True))
         gathered = self.accelerator.gather(torch.stack([diag[k].to(count.device) for k in max_keys])[None])
-        maxima = gathered.max(dim=0).values
-        w_mean, w_sq_mean = means[mean_keys.index("weight_mean")], means[mean_keys.index("weight_sq_mean")]
-        ess = torch.where(w_sq_mean > 0, w_mean * w_mean / w_sq_mean.clamp(min=1e-30), torch.zeros_like(w_mean))
+        maxima = dict(zip(max_keys, gathered.max(dim=0).values.tolist(), strict=True))
+        ess = ess_from_moments(torch.tensor(means["weight_mean"]), torch.tensor(means["weight_sq_mean"])).item()
 
         metrics = self._metrics[mode]
-        for key, value in zip(mean_keys, means[: len(mean_keys)].tolist(), strict=True):
-            metrics[f"rgpo/{key}"].append(value)
-        for key, value in zip(max_keys, maxima.tolist(), strict=True):
-            metrics[f"rgpo/{key}"].append(value)
-        metrics["rgpo/ess"].append(ess.item())
-        metrics["rgpo/kl_coef"].append(self.kl_ctl.value)
-        metrics["entropy"].append(means[len(mean_keys)].item())
-        if has_ref:
-            metrics["kl"].append(metrics["rgpo/kl_ref"][-1])  # TRL's name for the k3 KL to the reference
-
+        for key, value in {**means, **maxima, "ess": ess, "kl_coef": self.kl_ctl.kl_coef}.items():
+            metrics["entropy" if key == "entropy" else f"rgpo/{key}"].append(value)
+        if "kl_ref" in means:
+            metrics["kl"].append(means["kl_ref"])  # TRL's name for the k3 KL to the reference
         if mode == "train":
-            kl_index = mean_keys.index("kl_old")
-            self._iter_kl_sum += totals[kl_index].item()
+            self._iter_kl_sum += totals[mean_keys.index("kl_old")].item()
             self._iter_kl_count += global_count.item()

@@ -32,7 +32,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from .objective import kl_ref_estimate
+from .core import clamp_log_ratio, kl_ref_estimate
 from .rgpo_config import RGPOConfig
 from .rgpo_trainer import RGPOTrainer
 
@@ -40,7 +40,7 @@ METHODS = ("rgpo", "grpo", "ppo_clip_kl", "sapo")
 
 # Loss settings per method; the recipe applies them on top of the shared preset.
 METHOD_OVERRIDES: dict[str, dict[str, Any]] = {
-    "rgpo": {"gate": "sigmoid", "gate_k": 5.0, "ratio_mode": "dual", "beta": 0.05, "loss_type": "dapo"},
+    "rgpo": {"gate": "sigmoid", "gate_params": {"k": 5.0}, "ratio_mode": "dual", "beta": 0.05, "loss_type": "dapo"},
     "grpo": {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2},
     "ppo_clip_kl": {"loss_type": "dapo", "beta": 0.05, "epsilon": 0.2, "use_bias_correction_kl": False},
     "sapo": {"loss_type": "sapo", "beta": 0.05, "use_bias_correction_kl": False},
@@ -90,7 +90,7 @@ class ReferenceKLMonitor:
         mode = "train" if self.model.training else "eval"
         if ref is not None and old is not None:
             mask = output["completion_mask"].to(ref.dtype)
-            kl = kl_ref_estimate(old, ref)
+            kl = kl_ref_estimate(clamp_log_ratio(old - ref))
             totals = self.accelerator.reduce(torch.stack([(kl * mask).sum(), mask.sum()]), reduction="sum")
             self._metrics[mode]["kl_ref/monitor"].append((totals[0] / totals[1].clamp(min=1.0)).item())
         elif not self._warned_no_old:

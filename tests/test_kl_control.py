@@ -1,8 +1,8 @@
-"""Adaptive KL controller: the paper's doubling / halving rule (Eq. beta_update) and its bounds."""
+"""KL controllers: the paper's doubling / halving rule (Eq. beta_update), its bounds, the fixed one, the registry."""
 
 import pytest
 
-from rgpo_trl import AdaptiveKLController
+from rgpo_trl import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, make_kl_controller
 
 
 def _reference_rule(beta, kl, target=0.02, lo=0.01, hi=5.0):
@@ -14,7 +14,7 @@ def _reference_rule(beta, kl, target=0.02, lo=0.01, hi=5.0):
 
 
 def test_scripted_kl_sequence_follows_rule_and_bounds():
-    ctl = AdaptiveKLController(init=0.5, target=0.02, min=0.01, max=5.0)
+    ctl = AdaptiveKLController(kl_coef=0.5, kl_target=0.02, kl_coef_min=0.01, kl_coef_max=5.0)
     # high KL: 0.5 -> 1 -> 2 -> 4 -> 5 (capped) -> 5; in band: unchanged; low KL: halves to 0.01 floor
     script = [0.03, 0.05, 0.1, 1.0, 0.2, 0.02, 0.0134, 0.029, 0.0133, 0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
               0.0, 0.0, 0.0, 0.0]
@@ -25,14 +25,14 @@ def test_scripted_kl_sequence_follows_rule_and_bounds():
         beta_ref = _reference_rule(beta, kl)
         beta = ctl.update(kl)
         assert beta == pytest.approx(exp) == beta_ref
-        assert ctl.value == beta
+        assert ctl.kl_coef == beta
     assert ctl.num_updates == len(script)
 
 
 def test_thresholds_are_inclusive():
-    ctl = AdaptiveKLController(init=1.0, target=0.02)
+    ctl = AdaptiveKLController(kl_coef=1.0, kl_target=0.02)
     assert ctl.update(1.5 * 0.02) == 2.0
-    ctl = AdaptiveKLController(init=1.0, target=0.02)
+    ctl = AdaptiveKLController(kl_coef=1.0, kl_target=0.02)
     assert ctl.update(0.02 / 1.5) == 0.5
 
 
@@ -42,20 +42,20 @@ def test_state_dict_round_trip():
         ctl.update(kl)
     other = AdaptiveKLController()
     other.load_state_dict(ctl.state_dict())
-    assert other.value == ctl.value == 1.0 and other.num_updates == 3
+    assert other.kl_coef == ctl.kl_coef == 1.0 and other.num_updates == 3
     assert other.update(0.1) == ctl.update(0.1) == 2.0
 
 
 @pytest.mark.parametrize(
     "kwargs,field",
     [
-        ({"target": 0.0}, "target"),
-        ({"target": -0.1}, "target"),
-        ({"init": 0.0}, "init"),
-        ({"min": 1.0, "init": 0.5}, "min <= init"),
-        ({"init": 6.0, "max": 5.0}, "init <= max"),
-        ({"min": -1.0}, "min"),
-        ({"max": float("inf")}, "max"),
+        ({"kl_target": 0.0}, "kl_target"),
+        ({"kl_target": -0.1}, "kl_target"),
+        ({"kl_coef": 0.0}, "kl_coef"),
+        ({"kl_coef_min": 1.0, "kl_coef": 0.5}, r"kl_coef must lie in \[kl_coef_min"),
+        ({"kl_coef": 6.0, "kl_coef_max": 5.0}, r"kl_coef must lie in \[kl_coef_min, kl_coef_max\]"),
+        ({"kl_coef_min": -1.0}, "kl_coef_min"),
+        ({"kl_coef_max": float("inf")}, "kl_coef_max"),
     ],
 )
 def test_invalid_controller_parameters_raise(kwargs, field):
@@ -68,4 +68,23 @@ def test_invalid_kl_and_state_raise():
     with pytest.raises(ValueError, match="mean_kl"):
         ctl.update(float("nan"))
     with pytest.raises(ValueError, match="outside"):
-        ctl.load_state_dict({"value": 10.0})
+        ctl.load_state_dict({"controller": "adaptive", "kl_coef": 10.0, "num_updates": 1})
+    with pytest.raises(ValueError, match="does not match"):
+        ctl.load_state_dict(FixedKLController(0.5).state_dict())
+    with pytest.raises(ValueError, match="num_updates"):
+        ctl.load_state_dict({"controller": "adaptive", "kl_coef": 1.0, "num_updates": -2})
+    before = ctl.state_dict()
+    with pytest.raises(ValueError):
+        ctl.load_state_dict({"controller": "adaptive", "kl_coef": 1.0})  # nothing is half-loaded
+    assert ctl.state_dict() == before
+
+
+def test_fixed_controller_and_registry():
+    ctl = make_kl_controller("fixed", kl_coef=0.3, kl_target=0.02, kl_coef_min=0.01, kl_coef_max=5.0)
+    assert isinstance(ctl, FixedKLController)
+    assert [ctl.update(kl) for kl in (0.0, 1.0, 0.02)] == [0.3, 0.3, 0.3] and ctl.num_updates == 3
+    adaptive = make_kl_controller("adaptive", kl_coef=0.5, kl_target=0.02, kl_coef_min=0.01, kl_coef_max=5.0)
+    assert isinstance(adaptive, AdaptiveKLController) and adaptive.update(1.0) == 1.0
+    assert set(KL_CONTROLLERS) >= {"adaptive", "fixed"}
+    with pytest.raises(ValueError, match="kl_controller must be one of"):
+        make_kl_controller("pid")

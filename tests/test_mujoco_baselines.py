@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+import rgpo_trl
+
 pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
 pytest.importorskip("tyro")
@@ -111,9 +113,10 @@ def test_paper_defaults():
         assert a.norm_obs and a.norm_reward and a.clip_vloss and a.torch_threads == 1
     assert load("ppo").Args().clip_coef == 0.2
     r = load("rgpo").Args()
-    assert (r.gate, r.gate_k, r.kl_coef, r.kl_target, r.kl_coef_min, r.kl_coef_max, r.kl_backstop) == (
-        "sigmoid", 5.0, 0.5, 0.02, 0.01, 5.0, 0.1,
+    assert (r.gate, r.gate_params, r.kl_controller, r.kl_coef, r.kl_target, r.kl_coef_min, r.kl_coef_max) == (
+        "sigmoid", {}, "adaptive", 0.5, 0.02, 0.01, 5.0,
     )  # fmt: skip
+    assert r.kl_backstop == 0.1 and rgpo_trl.make_gate(r.gate, **r.gate_params).k == 5.0  # the paper's k
     t = load("trpo").Args()
     assert (t.max_kl, t.cg_iters, t.cg_damping, t.update_epochs) == (0.01, 10, 0.1, 10)
     assert load("awr").Args().awr_beta == 1.0
@@ -124,9 +127,9 @@ def test_cli_parses_flags():
 
     module = load("rgpo")
     args = tyro.cli(
-        module.Args, args=["--env-id", "Walker2d-v5", "--gate", "temperature", "--gate-temperature", "2"]
+        module.Args, args=["--env-id", "Walker2d-v5", "--gate", "temperature", "--gate-params", "temperature", "2"]
     )
-    assert args.env_id == "Walker2d-v5" and args.gate == "temperature" and args.gate_temperature == 2.0
+    assert args.env_id == "Walker2d-v5" and args.gate == "temperature" and args.gate_params == {"temperature": 2.0}
 
 
 def test_rgpo_calls_library_loss_and_adapts_beta(tmp_path, monkeypatch):

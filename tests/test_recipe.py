@@ -49,7 +49,7 @@ def test_paper_preset_resolves_to_the_papers_hyperparameters(tmp_path):
     assert script.num_rl_iterations == 400
     assert (script.window_start, script.window_end) == (300, 400)
     assert train.beta == 0.05  # beta_ref
-    assert train.gate == "sigmoid" and train.gate_k == 5.0 and train.ratio_mode == "dual"
+    assert train.gate == "sigmoid" and train.make_gate().k == 5.0 and train.ratio_mode == "dual"
     assert (train.kl_coef, train.kl_target, train.kl_coef_min, train.kl_coef_max) == (0.5, 0.02, 0.01, 5.0)
     assert train.bf16 is True and model.dtype == "bfloat16"
     assert train.num_iterations == 2
@@ -73,10 +73,10 @@ def test_methods_share_everything_but_the_loss(tmp_path, method, loss_type, beta
 
 def test_cli_and_yaml_override_the_preset(tmp_path):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({"preset": "paper", "learning_rate": 5e-7, "gate_k": 3.0}))
-    argv = ["--config", str(cfg), "--gate_k", "4", "--use_cpu", "true", "--output_dir", str(tmp_path)]
+    cfg.write_text(yaml.safe_dump({"preset": "paper", "learning_rate": 5e-7, "gate_params": {"k": 3.0}}))
+    argv = ["--config", str(cfg), "--gate_params", '{"k": 4}', "--use_cpu", "true", "--output_dir", str(tmp_path)]
     script, train, _ = recipe.parse_args(argv, check_hub=False)
-    assert script.preset == "paper" and train.learning_rate == 5e-7 and train.gate_k == 4.0
+    assert script.preset == "paper" and train.learning_rate == 5e-7 and train.make_gate().k == 4.0
 
 
 @pytest.mark.parametrize("bad", [["--method", "dpo"], ["--preset", "huge"]])

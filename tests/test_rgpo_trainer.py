@@ -76,7 +76,7 @@ def library_loss(trainer, record, ratio_mode=None):
         record["logps"],
         inputs.get("old_per_token_logps"),
         inputs["advantages"][:, None],
-        make_gate("sigmoid", k=trainer.args.gate_k),
+        trainer.args.make_gate(),
         kl_coef=record["kl_coef"],
         ref_logps=inputs["ref_per_token_logps"],
         ref_kl_coef=trainer.args.beta,
@@ -318,9 +318,9 @@ def test_kl_coef_follows_the_paper_rule_once_per_iteration(model_path, tmp_path,
         assert max(mean_kls) <= 0.02 / 1.5 and expected == [0.5, 0.25, 0.125, 0.0625]
 
 
-def test_fixed_kl_coef_when_not_adaptive(model_path, tmp_path):
+def test_fixed_kl_controller_keeps_kl_coef(model_path, tmp_path):
     trainer = make_trainer(
-        model_path, tmp_path, adaptive_kl=False, kl_coef=0.3, learning_rate=1e-7, max_steps=4
+        model_path, tmp_path, kl_controller="fixed", kl_coef=0.3, learning_rate=1e-7, max_steps=4
     )
     trainer.train()
     assert trainer.kl_coef == 0.3
@@ -336,7 +336,7 @@ def test_kl_coef_checkpoint_and_resume(model_path, tmp_path):
 
     ckpt = tmp_path / "full" / "checkpoint-2"
     saved = json.loads((ckpt / KL_CONTROLLER_FILE).read_text())
-    assert saved["value"] == pytest.approx(0.25) and saved["num_updates"] == 1
+    assert saved["kl_coef"] == pytest.approx(0.25) and saved["num_updates"] == 1
     card = (tmp_path / "full" / "README.md").read_text()
     assert "- rgpo" in card  # model card tag (YAML list)
 

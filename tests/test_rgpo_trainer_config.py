@@ -10,20 +10,17 @@ from transformers import HfArgumentParser
 from trl import GRPOConfig
 
 from rgpo_trl import RGPOConfig
-from rgpo_trl.gates import SigmoidGate
+from rgpo_trl.core.gates import SigmoidGate
 
 RGPO_FIELDS = [
     "gate",
-    "gate_k",
-    "gate_c",
-    "gate_temperature",
-    "gate_eps",
+    "gate_params",
     "ratio_mode",
     "kl_coef",
     "kl_target",
     "kl_coef_min",
     "kl_coef_max",
-    "adaptive_kl",
+    "kl_controller",
     "beta",
     "num_iterations",
     "loss_type",
@@ -38,20 +35,20 @@ def make(tmp_path, **kwargs) -> RGPOConfig:
 def test_paper_defaults(tmp_path):
     config = make(tmp_path)
     assert isinstance(config, GRPOConfig)
-    assert (config.gate, config.gate_k, config.ratio_mode) == ("sigmoid", 5.0, "dual")
+    assert (config.gate, config.gate_params, config.ratio_mode) == ("sigmoid", {}, "dual")
     assert (config.kl_coef, config.kl_target, config.kl_coef_min, config.kl_coef_max) == (
         0.5,
         0.02,
         0.01,
         5.0,
     )
-    assert config.adaptive_kl is True
+    assert config.kl_controller == "adaptive"
     assert config.beta == 0.05
     assert config.num_iterations == 2
     assert config.loss_type == "dapo"
     assert config.use_bias_correction_kl is False
     gate = config.make_gate()
-    assert isinstance(gate, SigmoidGate) and gate.params == {"k": 5.0}
+    assert isinstance(gate, SigmoidGate) and gate.param_values == {"k": 5.0}
 
 
 def test_every_rgpo_field_has_help(tmp_path):
@@ -62,29 +59,33 @@ def test_every_rgpo_field_has_help(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("gate", "field", "value", "params"),
+    ("gate", "gate_params", "params"),
     [
-        ("sigmoid", "gate_k", 3.0, {"k": 3.0}),
-        ("clipped_linear", "gate_c", 1.5, {"c": 1.5}),
-        ("temperature", "gate_temperature", 2.0, {"temperature": 2.0}),
-        ("ppo_clip", "gate_eps", 0.1, {"eps": 0.1}),
-        ("is", "gate_k", 5.0, {}),
+        ("sigmoid", {"k": 3.0}, {"k": 3.0}),
+        ("clipped_linear", {"c": 1.5}, {"c": 1.5}),
+        ("temperature", {"temperature": 2.0}, {"temperature": 2.0}),
+        ("ppo_clip", '{"eps": 0.1}', {"eps": 0.1}),  # a JSON string, as from the command line
+        ("ppo_clip", {}, {"eps": 0.2}),  # the declared default
+        ("is", None, {}),
     ],
 )
-def test_make_gate_uses_the_gate_parameter_field(tmp_path, gate, field, value, params):
-    config = make(tmp_path, gate=gate, **{field: value})
+def test_make_gate_uses_gate_params(tmp_path, gate, gate_params, params):
+    config = make(tmp_path, gate=gate, gate_params=gate_params)
     built = config.make_gate()
-    assert built.name == gate and built.params == params
+    assert built.name == gate and built.param_values == params
 
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
         ({"gate": "tanh"}, "gate"),
-        ({"gate_k": 0.0}, "gate_k"),
-        ({"gate_c": -1.0}, "gate_c"),
-        ({"gate_temperature": float("nan")}, "gate_temperature"),
-        ({"gate_eps": 1.5}, "gate_eps"),
+        ({"gate_params": {"k": 0.0}}, r"gate_params: gate 'sigmoid': k must be a finite number in \(0, inf\)"),
+        ({"gate": "clipped_linear", "gate_params": {"c": -1.0}}, r"gate_params: .* c must be .* in \(0, inf\)"),
+        ({"gate": "temperature", "gate_params": {"temperature": float("nan")}}, "gate_params: .*temperature"),
+        ({"gate": "ppo_clip", "gate_params": {"eps": 1.5}}, r"gate_params: .*eps must be .* in \(0, 1\)"),
+        ({"gate": "is", "gate_params": {"k": 5.0}}, r"gate_params: gate 'is' accepts parameters \[\]"),
+        ({"gate_params": "k=5"}, "gate_params must be a JSON object"),
+        ({"kl_controller": "pid"}, "kl_controller"),
         ({"ratio_mode": "both"}, "ratio_mode"),
         ({"kl_coef": 0.0}, "kl_coef"),
         ({"kl_coef": 10.0}, "kl_coef"),
@@ -128,8 +129,10 @@ def test_command_line_parsing(tmp_path):
             str(tmp_path),
             "--ratio_mode",
             "old",
-            "--gate_k",
-            "3",
+            "--gate_params",
+            '{"k": 3}',
+            "--kl_controller",
+            "fixed",
             "--kl_target",
             "0.05",
             "--report_to",
@@ -138,7 +141,8 @@ def test_command_line_parsing(tmp_path):
             "true",
         ]
     )
-    assert (config.ratio_mode, config.gate_k, config.kl_target, config.beta) == ("old", 3.0, 0.05, 0.05)
+    assert (config.ratio_mode, config.gate_params, config.kl_target, config.beta) == ("old", {"k": 3}, 0.05, 0.05)
+    assert config.make_gate().k == 3.0 and config.make_kl_controller().name == "fixed"
     with pytest.raises(SystemExit):  # argparse `choices` from the field metadata
         HfArgumentParser(RGPOConfig).parse_args_into_dataclasses(
             ["--output_dir", str(tmp_path), "--ratio_mode", "both"]

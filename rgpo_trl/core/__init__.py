@@ -1,0 +1,63 @@
+"""The paper's math, torch only: gates g(r) and w(r), the RGPO loss and its diagnostics, KL controllers.
+
+Imports nothing from the trainer, the RLHF recipe or gymnasium, so the TRL trainer and the MuJoCo scripts
+run the same loss code.
+"""
+
+from .gates import (
+    GATES,
+    LOG_RATIO_CLAMP,
+    Gate,
+    GateParam,
+    clamp_log_ratio,
+    describe_gates,
+    make_gate,
+    register_gate,
+)
+from .kl_control import (
+    KL_CONTROLLERS,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    make_kl_controller,
+    register_kl_controller,
+)
+from .objective import (
+    RATIO_MODES,
+    effective_sample_size,
+    ess_from_moments,
+    kl_old_estimate,
+    kl_ref_estimate,
+    log_ratios,
+    masked_max,
+    masked_mean,
+    rgpo_diagnostics,
+    rgpo_loss,
+)
+
+__all__ = [
+    "GATES",
+    "KL_CONTROLLERS",
+    "LOG_RATIO_CLAMP",
+    "RATIO_MODES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "Gate",
+    "GateParam",
+    "KLController",
+    "clamp_log_ratio",
+    "describe_gates",
+    "effective_sample_size",
+    "ess_from_moments",
+    "kl_old_estimate",
+    "kl_ref_estimate",
+    "log_ratios",
+    "make_gate",
+    "make_kl_controller",
+    "masked_max",
+    "masked_mean",
+    "register_gate",
+    "register_kl_controller",
+    "rgpo_diagnostics",
+    "rgpo_loss",
+]

@@ -1,0 +1,173 @@
+"""The RGPO policy loss (paper Eq. practical and Eq. rgpo_rlhf) and its diagnostics, torch only.
+
+    L = -mean(g(r) A) + kl_coef * mean(r_old - 1 - log r_old) + ref_kl_coef * mean(KL_ref)
+
+with r = r_old (``ratio_mode="old"``), r_ref (``"ref"``) or max(r_old, r_ref) (``"dual"``), and KL_ref
+the k3 estimator that TRL's GRPOTrainer uses for its ``beta`` term. Inputs are per sample (MuJoCo:
+``(N,)``) or per token with a mask (LLM: ``(B, T)``); means run over the valid elements.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .gates import Gate, clamp_log_ratio
+
+RATIO_MODES = ("old", "ref", "dual")
+
+
+def check_ratio_mode(ratio_mode: str) -> str:
+    if ratio_mode not in RATIO_MODES:
+        raise ValueError(f"ratio_mode must be one of {list(RATIO_MODES)}, got {ratio_mode!r}")
+    return ratio_mode
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None, dim: int | None = None) -> torch.Tensor:
+    """Mean over ``dim`` (None: all elements) of the elements where ``mask`` is 1; 0 where none is."""
+    if mask is None:
+        return x.mean() if dim is None else x.mean(dim)
+    x, mask = torch.broadcast_tensors(x, mask.to(x.dtype))
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp_min(1.0)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1.0)
+
+
+def masked_max(x: torch.Tensor, mask: torch.Tensor | None = None, dim: int | None = None) -> torch.Tensor:
+    """Max over ``dim`` (None: all elements) of the valid elements; -inf where none is."""
+    if mask is not None:
+        x, mask = torch.broadcast_tensors(x, mask)
+        x = x.masked_fill(mask == 0, -torch.inf)
+    return x.amax() if dim is None else x.amax(dim)
+
+
+def kl_old_estimate(log_r: torch.Tensor) -> torch.Tensor:
+    """KLhat_old per element (paper Eq. kl_estimator): r - 1 - log r >= 0, from a clamped log r."""
+    return torch.expm1(log_r) - log_r  # expm1: no cancellation near r = 1
+
+
+def kl_ref_estimate(log_r_ref: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi || pi_ref) per element, 1/r_ref - 1 + log r_ref (TRL's GRPO ``beta`` term)."""
+    return kl_old_estimate(-log_r_ref)
+
+
+def ess_from_moments(mean_w: torch.Tensor, mean_w_sq: torch.Tensor) -> torch.Tensor:
+    """Normalised ESS = (sum w)^2 / (N sum w^2) = mean(w)^2 / mean(w^2) (paper, Ablation D); 0 when every
+    weight is 0. From the means, ESS over several batches or processes is exact."""
+    return torch.nan_to_num(mean_w.square() / mean_w_sq, nan=0.0)
+
+
+def effective_sample_size(
+    weights: torch.Tensor, mask: torch.Tensor | None = None, dim: int | None = None
+) -> torch.Tensor:
+    """ESS in [0, 1] of ``weights`` over ``dim`` (None: all elements), see `ess_from_moments`."""
+    w = weights.detach().double()
+    return ess_from_moments(masked_mean(w, mask, dim), masked_mean(w * w, mask, dim)).float()
+
+
+def log_ratios(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    ref_logps: torch.Tensor | None = None,
+    ratio_mode: str = "old",
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Clamped (log r_old, log r_ref, log r of the gated ratio). ``old_logps=None`` means on-policy
+    (log r_old = 0 with the gradient of log pi kept, as TRL does when a batch is not reused)."""
+    check_ratio_mode(ratio_mode)
+    if ratio_mode != "old" and ref_logps is None:
+        raise ValueError(f"ratio_mode={ratio_mode!r} needs ref_logps (the reference model's log-probs)")
+    log_r_old = clamp_log_ratio(logps - (logps if old_logps is None else old_logps).detach())
+    log_r_ref = None if ref_logps is None else clamp_log_ratio(logps - ref_logps.detach())
+    if ratio_mode == "old":
+        return log_r_old, log_r_ref, log_r_old
+    if ratio_mode == "ref":
+        return log_r_old, log_r_ref, log_r_ref
+    # max(r_old, r_ref): the gradient flows through the larger one; both share d log pi.
+    return log_r_old, log_r_ref, torch.maximum(log_r_old, log_r_ref)
+
+
+def rgpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    gate: Gate,
+    *,
+    kl_coef: float | torch.Tensor = 0.0,
+    ref_logps: torch.Tensor | None = None,
+    ref_kl_coef: float = 0.0,
+    ratio_mode: str = "old",
+    mask: torch.Tensor | None = None,
+    normalizer: float | torch.Tensor | None = None,
+    diagnostics: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """RGPO loss (to minimise) and, with ``diagnostics``, `rgpo_diagnostics` of the same inputs.
+
+    Args:
+        logps: log pi_theta of the taken actions/tokens, ``(N,)`` or ``(B, T)``, with grad.
+        old_logps: log pi_old (the behaviour policy), same shape; ``None`` = on-policy.
+        advantages: broadcastable to ``logps`` (``(B, 1)`` for a per-sequence advantage).
+        gate: a `Gate` (`make_gate`).
+        kl_coef: the KL-to-old coefficient (the paper's beta, adapted by a KL controller).
+        ref_logps: log pi_ref, needed by ``ratio_mode`` ``ref``/``dual`` and ``ref_kl_coef``.
+        ref_kl_coef: the fixed KL-to-reference coefficient (paper's beta_ref = 0.05; TRL's ``beta``).
+        ratio_mode: ``old``, ``ref`` or ``dual`` (r = max(r_old, r_ref)).
+        mask: 1 for valid elements (completion tokens), 0 for padding; broadcast against ``logps``.
+        normalizer: divide the masked sum by this instead of the number of valid elements (e.g. the
+            token count of the whole accumulated batch, which makes gradient accumulation exact).
+        diagnostics: False returns an empty dict; callers that reduce them in bulk use `rgpo_diagnostics`.
+    """
+    if ref_kl_coef and ref_logps is None:
+        raise ValueError("ref_kl_coef > 0 needs ref_logps (the reference model's log-probs)")
+    log_r_old, log_r_ref, log_r = log_ratios(logps, old_logps, ref_logps, ratio_mode)
+    per_element = -gate.g(log_r) * advantages + kl_coef * kl_old_estimate(log_r_old)
+    if ref_kl_coef:
+        per_element = per_element + ref_kl_coef * kl_ref_estimate(log_r_ref)
+    if normalizer is None:
+        loss = masked_mean(per_element, mask)
+    else:
+        loss = (per_element if mask is None else per_element * mask).sum() / normalizer
+    if not diagnostics:
+        return loss, {}
+    return loss, rgpo_diagnostics(logps, old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode, mask=mask)
+
+
+@torch.no_grad()
+def rgpo_diagnostics(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    gate: Gate,
+    *,
+    ref_logps: torch.Tensor | None = None,
+    ratio_mode: str = "old",
+    mask: torch.Tensor | None = None,
+    dim: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Diagnostics of the RGPO loss, reduced over all valid elements or over ``dim`` only.
+
+    With log-probs of one epoch stacked as ``(mini-batches, samples)`` and ``dim=-1``, every value has one
+    entry per mini-batch, equal to what `rgpo_loss` returns for it, so a script can reduce once per epoch.
+
+    Keys (detached tensors on the inputs' device): ``gate_mean``, ``weight_mean`` (w = g'(r) r),
+    ``weight_sq_mean``, ``ess``, ``kl_old``, ``rejected_frac`` (g < 0.1), ``ratio_old_mean``,
+    ``ratio_old_max``; with ``ref_logps`` also ``kl_ref``, ``ratio_ref_mean``, ``ratio_ref_max``, and in
+    dual mode ``ref_ratio_larger_frac``. Maxima over nothing are -inf, ESS of nothing 0.
+    """
+    log_r_old, log_r_ref, log_r = log_ratios(logps.detach(), old_logps, ref_logps, ratio_mode)
+    g, w, r_old = gate.g(log_r), gate.w(log_r), torch.exp(log_r_old)
+    out = {
+        "gate_mean": masked_mean(g, mask, dim),
+        "weight_mean": masked_mean(w, mask, dim),
+        "weight_sq_mean": masked_mean(w * w, mask, dim),
+        "kl_old": masked_mean(kl_old_estimate(log_r_old), mask, dim),
+        "rejected_frac": masked_mean((g < 0.1).to(g.dtype), mask, dim),
+        "ratio_old_mean": masked_mean(r_old, mask, dim),
+        "ratio_old_max": masked_max(r_old, mask, dim),
+    }
+    out["ess"] = ess_from_moments(out["weight_mean"], out["weight_sq_mean"])
+    if log_r_ref is not None:
+        r_ref = torch.exp(log_r_ref)
+        out["kl_ref"] = masked_mean(kl_ref_estimate(log_r_ref), mask, dim)
+        out["ratio_ref_mean"] = masked_mean(r_ref, mask, dim)
+        out["ratio_ref_max"] = masked_max(r_ref, mask, dim)
+        if ratio_mode == "dual":
+            out["ref_ratio_larger_frac"] = masked_mean((log_r_ref > log_r_old).to(g.dtype), mask, dim)
+    return out

@@ -1,0 +1,108 @@
+"""A gate defined here, registered with `register_gate`, works wherever a built-in gate does: `make_gate`,
+`RGPOConfig` (validation from its declared parameters), `RGPOTrainer` and the MuJoCo RGPO script."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+import rgpo_trl
+from rgpo_trl import GATES, Gate, GateParam, describe_gates, make_gate, register_gate, rgpo_loss
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@register_gate("half_tanh")
+class HalfTanhGate(Gate):
+    """g(r) = (1 + tanh(a (r - 1))) / 2, w(r) = a/2 (1 - tanh^2(a (r - 1))) r. (= sigmoid(2a (r - 1)).)"""
+
+    params = {"a": GateParam(2.0, "slope a", high=50.0, high_open=False)}
+    calls = 0
+
+    def g(self, log_r):
+        type(self).calls += 1
+        return 0.5 * (1.0 + torch.tanh(self.a * torch.expm1(log_r)))
+
+    def w(self, log_r):
+        t = torch.tanh(self.a * torch.expm1(log_r))
+        return 0.5 * self.a * (1.0 - t * t) * torch.exp(log_r)
+
+
+def test_registered_gate_is_built_validated_and_described():
+    gate = make_gate("half_tanh", a=3.0)
+    assert isinstance(gate, HalfTanhGate) and gate.a == 3.0 and GATES["half_tanh"] is HalfTanhGate
+    assert make_gate("half_tanh").a == 2.0 and "half_tanh(a=2 in (0, 50])" in describe_gates()
+    log_r = torch.linspace(-3, 3, 101, dtype=torch.float64, requires_grad=True)
+    (dg,) = torch.autograd.grad(gate.g(log_r).sum(), log_r)
+    torch.testing.assert_close(gate.w(log_r.detach()), dg)  # its closed-form w is the derivative
+    with pytest.raises(ValueError, match=r"gate 'half_tanh': a must be a finite number in \(0, 50\]"):
+        make_gate("half_tanh", a=51.0)
+    with pytest.raises(ValueError, match=r"accepts parameters \['a'\]"):
+        make_gate("half_tanh", k=1.0)
+    with pytest.raises(ValueError, match="already registered"):
+        register_gate("half_tanh")(type("Other", (Gate,), {}))
+    with pytest.raises(ValueError, match="half_tanh"):  # unknown names list the registered ones
+        make_gate("nope")
+
+
+def test_rgpo_config_validates_a_registered_gate(tmp_path):
+    from rgpo_trl import RGPOConfig
+
+    config = RGPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, gate="half_tanh",
+                        gate_params='{"a": 4}')  # fmt: skip
+    assert config.make_gate().a == 4.0
+    with pytest.raises(ValueError, match=r"gate_params: gate 'half_tanh': a must be"):
+        RGPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, gate="half_tanh",
+                   gate_params={"a": -1})  # fmt: skip
+
+
+def test_rgpo_trainer_trains_with_a_registered_gate(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _trainer_utils import attach_recorder, base_args, save_tiny_model, tiny_dataset, tiny_tokenizer, vowel_reward
+
+    from rgpo_trl import RGPOConfig, RGPOTrainer
+
+    torch.set_num_threads(1)
+    model_path = save_tiny_model(tmp_path / "model")
+    args = RGPOConfig(**base_args(tmp_path / "out", gate="half_tanh", gate_params={"a": 3.0}))
+    trainer = RGPOTrainer(model_path, vowel_reward, args=args, train_dataset=tiny_dataset(),
+                          processing_class=tiny_tokenizer())  # fmt: skip
+    records = attach_recorder(trainer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert isinstance(trainer.gate, HalfTanhGate)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    second = records[1]  # the reused batch: r_old != 1
+    inputs = second["inputs"]
+    common = dict(kl_coef=second["kl_coef"], ref_logps=inputs["ref_per_token_logps"], ref_kl_coef=0.05,
+                  ratio_mode="dual", mask=inputs["completion_mask"],
+                  normalizer=inputs["num_items_in_batch"].float() * args.gradient_accumulation_steps
+                  / args.steps_per_generation)  # fmt: skip
+    old, adv = inputs["old_per_token_logps"], inputs["advantages"][:, None]
+    expected, _ = rgpo_loss(second["logps"], old, adv, make_gate("half_tanh", a=3.0), **common)
+    sigmoid, _ = rgpo_loss(second["logps"], old, adv, make_gate("sigmoid"), **common)
+    torch.testing.assert_close(second["loss"], expected, atol=1e-5, rtol=0)
+    assert (second["loss"] - sigmoid).abs() > 1e-4  # the gate in use is ours, not the default
+
+
+def test_mujoco_rgpo_script_trains_with_a_registered_gate(tmp_path):
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("mujoco")
+    name = "rgpo_continuous_action"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    kw = dict(env_id="Hopper-v4", seed=1, total_timesteps=512, num_steps=256, minibatch_size=64,
+              output_dir=str(tmp_path), tensorboard=False, verbose=False)  # fmt: skip
+    HalfTanhGate.calls = 0
+    final = module.main(module.Args(run_name="tanh", gate="half_tanh", gate_params={"a": 3.0}, **kw))
+    assert HalfTanhGate.calls >= 2 * 4 * 10  # every mini-batch step of both iterations
+    reference = module.main(module.Args(run_name="sigmoid", **kw))
+    assert math.isfinite(final["final_return"]) and final["final_return"] != reference["final_return"]
+    assert rgpo_trl.make_gate("half_tanh").a == 2.0
