@@ -9,11 +9,14 @@ import csv
 import json
 import math
 import os
+import platform
 import random
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
@@ -40,6 +43,13 @@ class Args:
     """write TensorBoard event files (metrics.csv is always written)"""
     verbose: bool = True
     """print one line per iteration"""
+    checkpoint_every: int = 10
+    """save a resumable checkpoint ({output_dir}/{run_name}/checkpoint.pt) every this many iterations (0: never)"""
+    resume: bool = False
+    """continue from {output_dir}/{run_name}/checkpoint.pt if it exists (needs --run-name; refused if the
+    configuration differs)"""
+    keep_checkpoint: bool = False
+    """keep checkpoint.pt after the run finished (default: deleted, the results stay)"""
 
     # Environment
     env_id: str = "HalfCheetah-v4"
@@ -191,6 +201,132 @@ class MujocoEnv:
     def close(self):
         self.env.close()
 
+    def _time_limit(self):
+        env = self.env
+        while not isinstance(env, gym.wrappers.TimeLimit):
+            env = env.env
+        return env
+
+    def state_dict(self) -> dict:
+        """Normalisation statistics, the episode in progress and the simulator state (mj_getState with
+        mjSTATE_INTEGRATION: positions, velocities, controls, solver warm-start), so a resumed run
+        continues the same episode bit for bit."""
+        u = self.env.unwrapped
+        sim = np.empty(mujoco.mj_stateSize(u.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+        mujoco.mj_getState(u.model, u.data, sim, mujoco.mjtState.mjSTATE_INTEGRATION)
+        return {
+            "obs_rms": [torch.from_numpy(self.obs_rms.mean.copy()), torch.from_numpy(self.obs_rms.var.copy()),
+                        self.obs_rms.count],
+            "ret_rms": [float(self.ret_rms.mean), float(self.ret_rms.var), self.ret_rms.count],
+            "discounted": self.discounted,
+            "episode": [self.ep_return, self.ep_length, self._time_limit()._elapsed_steps],
+            "sim": torch.from_numpy(sim),
+            "np_random": u.np_random.bit_generator.state,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        u = self.env.unwrapped
+        mean, var, self.obs_rms.count = state["obs_rms"]
+        self.obs_rms.mean, self.obs_rms.var = mean.numpy().copy(), var.numpy().copy()
+        mean, var, self.ret_rms.count = state["ret_rms"]
+        self.ret_rms.mean, self.ret_rms.var = np.float64(mean), np.float64(var)
+        self.discounted = state["discounted"]
+        self.ep_return, self.ep_length, self._time_limit()._elapsed_steps = state["episode"]
+        mujoco.mj_setState(u.model, u.data, state["sim"].numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+        u.np_random.bit_generator.state = state["np_random"]
+
+
+# --------------------------------------------------------------------------------------------- #
+# Checkpoints: what a run needs to continue exactly where it stopped (networks, optimiser, the
+# environment with its normalisation statistics and simulator state, RNG states, episode counters,
+# method state). Saved atomically every `checkpoint_every` iterations, loaded with
+# torch.load(weights_only=True); a checkpoint of another configuration or an unreadable one is refused.
+# --------------------------------------------------------------------------------------------- #
+RESUME_FREE_ARGS = {
+    "output_dir",
+    "run_name",
+    "tensorboard",
+    "verbose",
+    "checkpoint_every",
+    "resume",
+    "keep_checkpoint",
+}
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def checkpoint_args(args: Args) -> dict:
+    return {k: v for k, v in asdict(args).items() if k not in RESUME_FREE_ARGS}
+
+
+def rng_state() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(tuple(state["python"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(path: str, checkpoint: dict) -> None:
+    torch.save(checkpoint, path + ".tmp")
+    os.replace(path + ".tmp", path)  # atomic: an interrupted save leaves the previous checkpoint intact
+
+
+def load_checkpoint(path: str, args: Args) -> dict:
+    """The checkpoint at `path`, checked (readable, complete, same configuration) before anything is loaded."""
+    try:
+        checkpoint = torch.load(path, weights_only=True)
+    except Exception as err:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({err}); delete it to restart the run"
+        ) from err
+    missing = {"args", "progress", "rng", "next_obs"} - set(
+        checkpoint if isinstance(checkpoint, dict) else {}
+    )
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete (missing {sorted(missing)}); delete it to restart"
+        )
+    saved, current = checkpoint["args"], checkpoint_args(args)
+    diff = [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in sorted(set(saved) | set(current))
+            if saved.get(k) != current.get(k)]  # fmt: skip
+    if diff:
+        raise CheckpointError(
+            f"checkpoint {path} was written with another configuration ({'; '.join(diff)}); "
+            "run with the same arguments, or delete the checkpoint to restart"
+        )
+    return checkpoint
+
+
+def run_info() -> dict:
+    """Machine, package versions and the git commit, written next to every run's results."""
+    try:
+        root = os.path.dirname(os.path.abspath(__file__))
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "git_commit": commit,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "gymnasium": gym.__version__,
+        "mujoco": mujoco.__version__,
+    }
+
 
 def layer_init(layer, std=SQRT2, bias_const=0.0, ortho=True):
     if ortho:
@@ -334,17 +470,19 @@ def main(args: Args) -> dict:
     run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
+    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    checkpoint = load_checkpoint(ckpt_path, args) if args.resume and os.path.exists(ckpt_path) else None
     with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(
-            {**asdict(args), "run_name": run_name, "torch": torch.__version__, "gymnasium": gym.__version__},
-            f,
-            indent=2,
-        )
+        info = run_info()
+        json.dump({**asdict(args), "run_name": run_name, **info}, f, indent=2)
     writer = None
     if args.tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(run_dir)
+        # on resume, events logged after the checkpoint are discarded (they are recomputed)
+        writer = SummaryWriter(
+            run_dir, purge_step=None if checkpoint is None else checkpoint["progress"]["global_step"] + 1
+        )
         writer.add_text(
             "hyperparameters",
             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()),
@@ -373,13 +511,40 @@ def main(args: Args) -> dict:
     obs_np = obs.numpy()
 
     episode_returns, episode_lengths = [], []
-    global_step = 0
+    global_step, start_iteration, resumed_at, commits = 0, 1, [], [info["git_commit"]]
     start_time = time.time()
     next_obs = env.reset(seed=args.seed)
     next_done = 0.0
+    stateful = {"agent": agent, "optimizer": optimizer, "env": env}
+    rows = []
+    if checkpoint is not None:
+        missing = set(stateful) - set(checkpoint)
+        if missing:  # checked before anything is loaded
+            raise CheckpointError(
+                f"checkpoint {ckpt_path} has no {sorted(missing)}; delete it to restart the run"
+            )
+        for name, obj in stateful.items():
+            obj.load_state_dict(checkpoint[name])
+        set_rng_state(checkpoint["rng"])
+        progress = checkpoint["progress"]
+        start_iteration, global_step = progress["iteration"] + 1, progress["global_step"]
+        start_time = time.time() - progress["elapsed"]
+        episode_returns, episode_lengths = progress["episode_returns"], progress["episode_lengths"]
+        next_obs, next_done = checkpoint["next_obs"].numpy().copy(), progress["next_done"]
+        resumed_at = [*progress["resumed_at"], progress["iteration"]]
+        commits = list(
+            dict.fromkeys([*progress["commits"], info["git_commit"]])
+        )  # every commit that ran a part
+        with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+            rows = [row for row in csv.DictReader(f) if int(row["iteration"]) <= progress["iteration"]]
+        print(f"resumed {run_name} from {ckpt_path} after iteration {progress['iteration']}", flush=True)
     csv_file, csv_writer, final = open(os.path.join(run_dir, "metrics.csv"), "w", newline=""), None, {}
+    if rows:  # the rows up to the checkpoint; later ones are recomputed
+        csv_writer = csv.DictWriter(csv_file, fieldnames=list(rows[0]))
+        csv_writer.writeheader()
+        csv_writer.writerows(rows)
     try:
-        for iteration in range(1, args.num_iterations + 1):
+        for iteration in range(start_iteration, args.num_iterations + 1):
             iter_start = time.perf_counter()
             lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
             optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
@@ -499,6 +664,11 @@ def main(args: Args) -> dict:
                     losses.append(torch.stack([pg_loss, v_loss.detach()]))
                 epochs_run += 1
             update_time = time.perf_counter() - update_start
+            with torch.no_grad():  # KL of the iteration's final policy to pi_old over the whole batch
+                final_logprob = agent.log_prob(agent.actor_mean(obs), actions)
+                kl_final = float(
+                    rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(final_logprob - b_logprobs)).mean()
+                )
 
             # ---- per-iteration metrics (same keys for every method)
             st = torch.stack(stats).double().numpy()
@@ -519,6 +689,8 @@ def main(args: Args) -> dict:
                 "kl": kl_mean,
                 "kl_max": float(st[:, 0].max()),
                 "spike": int(kl_mean > args.spike_kl),
+                "kl_final": kl_final,
+                "spike_final": int(kl_final > args.spike_kl),
                 "ess": float(st[:, 1].mean()),
                 "grad_var": grad_var,
                 "policy_loss": float(ls[:, 0].mean()),
@@ -547,6 +719,26 @@ def main(args: Args) -> dict:
                     f"kl={kl_mean:.4f} ess={row['ess']:.3f} SPS={int(row['SPS'])}",
                     flush=True,
                 )
+            if (
+                args.checkpoint_every > 0
+                and iteration % args.checkpoint_every == 0
+                and iteration < args.num_iterations
+            ):
+                progress = {
+                    "iteration": iteration,
+                    "global_step": global_step,
+                    "elapsed": time.time() - start_time,
+                    "episode_returns": episode_returns,
+                    "episode_lengths": episode_lengths,
+                    "next_done": next_done,
+                    "resumed_at": resumed_at,
+                    "commits": commits,
+                }
+                save_checkpoint(ckpt_path, {
+                    "args": checkpoint_args(args), "progress": progress, "rng": rng_state(),
+                    "next_obs": torch.from_numpy(np.array(next_obs)),
+                    **{name: obj.state_dict() for name, obj in stateful.items()},
+                })  # fmt: skip
         last = episode_returns[-100:]
         final = {
             "run_name": run_name,
@@ -559,9 +751,13 @@ def main(args: Args) -> dict:
             "episodes": len(episode_returns),
             "wall_time": time.time() - start_time,
             "SPS": global_step / (time.time() - start_time),
+            "resumed_at_iterations": resumed_at,
+            "git_commits": commits,
         }
         with open(os.path.join(run_dir, "final.json"), "w") as f:
             json.dump(final, f, indent=2)
+        if not args.keep_checkpoint and os.path.exists(ckpt_path):
+            os.remove(ckpt_path)
     finally:
         csv_file.close()
         env.close()
@@ -595,5 +791,5 @@ def _write_tensorboard(writer, row, global_step):
 if __name__ == "__main__":
     try:
         main(tyro.cli(Args))
-    except NonFiniteLossError as e:
+    except (NonFiniteLossError, CheckpointError) as e:
         raise SystemExit(f"ERROR: {e}") from e

@@ -304,3 +304,51 @@ def test_cleanrl_gymnasium1_patches_apply():
     patched = bench.patch_cleanrl(src)
     assert "AutoresetMode.SAME_STEP" in patched and "env.observation_space)" in patched
     compile(patched, "ppo_continuous_action.py", "exec")
+
+
+TIMING_COLUMNS = {"time", "iter_time", "rollout_time", "update_time", "SPS"}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_interrupted_run_resumes_to_the_same_metrics(method, tmp_path, monkeypatch):
+    """A run stopped after iteration 4 (checkpoint at 2, every 2) and resumed gives the metrics of an
+    uninterrupted run exactly, timing columns aside: the checkpoint restores the networks, optimiser,
+    normalisation statistics, MuJoCo simulator state, RNG states and episode counters."""
+    module = load(method)
+    kw = dict(total_timesteps=256 * 5, checkpoint_every=2)
+    reference = module.main(small_args(module, tmp_path / "a", "run", **kw))
+    assert not os.path.exists(tmp_path / "a" / "run" / "checkpoint.pt")  # removed once the run is done
+
+    real_save, calls = module.save_checkpoint, []
+
+    def interrupt_on_second_save(path, checkpoint):
+        calls.append(checkpoint["progress"]["iteration"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # after iteration 4's metrics row, before its checkpoint
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(module, "save_checkpoint", interrupt_on_second_save)
+    with pytest.raises(KeyboardInterrupt):
+        module.main(small_args(module, tmp_path / "b", "run", **kw))
+    monkeypatch.setattr(module, "save_checkpoint", real_save)
+    assert calls == [2, 4] and len(read_rows(tmp_path / "b" / "run")) == 4
+    resumed = module.main(small_args(module, tmp_path / "b", "run", resume=True, **kw))
+
+    rows_a, rows_b = read_rows(tmp_path / "a" / "run"), read_rows(tmp_path / "b" / "run")
+    assert [r["iteration"] for r in rows_b] == [1, 2, 3, 4, 5]
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        for key in ra.keys() - TIMING_COLUMNS:
+            assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
+    assert resumed["final_return"] == reference["final_return"] and resumed["resumed_at_iterations"] == [2]
+
+
+def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path):
+    module = load("rgpo")
+    module.main(small_args(module, tmp_path, "run", total_timesteps=256 * 3, checkpoint_every=1, keep_checkpoint=True))
+    ckpt = tmp_path / "run" / "checkpoint.pt"
+    assert ckpt.exists()
+    with pytest.raises(module.CheckpointError, match=r"another configuration \(kl_target: 0.02 -> 0.05\)"):
+        module.main(small_args(module, tmp_path, "run", total_timesteps=256 * 3, resume=True, kl_target=0.05))
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    with pytest.raises(module.CheckpointError, match="cannot be read"):
+        module.main(small_args(module, tmp_path, "run", total_timesteps=256 * 3, resume=True))

@@ -1,0 +1,202 @@
+"""Run named suites of the MuJoCo baselines: N runs at a time, finished runs skipped, interrupted runs resumed.
+
+    python mujoco_baselines/grid.py main                   # the paper's 48 runs into results/mujoco/main/
+    python mujoco_baselines/grid.py main ppo_kl --jobs 2   # several suites, 2 runs side by side
+    python mujoco_baselines/grid.py --list                 # the suites and their runs
+
+Plays the role of CleanRL's ``cleanrl_utils/benchmark.py`` (whose wheel does not install on Python 3.11).
+Every run is a subprocess of one of the four scripts with one torch thread, writing to
+``{results}/{suite}/{run}/``: config.json (resolved arguments, machine, package versions, git commit),
+metrics.csv (one row per iteration), final.json (when finished) and, while it runs, checkpoint.pt (every
+10 iterations; deleted at the end). A run with final.json is skipped; any other run is started with
+``--resume`` and continues from its checkpoint, exactly (see the scripts' checkpoint section). Output of a
+run goes to its ``run.log``; a failed run is reported at the end (exit status 1) and retried next time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MUJOCO_ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
+
+
+@dataclass(frozen=True)
+class Run:
+    suite: str
+    method: str  # ppo | rgpo | trpo | awr
+    env_id: str
+    seed: int
+    total_timesteps: int = 1_000_000
+    variant: str = "default"  # a short name for `flags`
+    flags: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return f"{self.env_id}__{self.method}__{self.variant}__s{self.seed}__{self.total_timesteps // 1000}k"
+
+    def command(self, output_dir: str) -> list[str]:
+        return [
+            sys.executable,
+            os.path.join(HERE, f"{self.method}_continuous_action.py"),
+            "--env-id", self.env_id,
+            "--seed", str(self.seed),
+            "--total-timesteps", str(self.total_timesteps),
+            "--output-dir", output_dir,
+            "--run-name", self.name,
+            "--resume",
+            "--no-tensorboard",
+            "--no-verbose",
+            *self.flags,
+        ]  # fmt: skip
+
+
+def _grid(suite, methods, envs, seeds, steps=1_000_000, variants=(("default", ()),)):
+    return [
+        Run(suite, m, e, s, steps, v, tuple(f))  # seeds outermost: a partial grid has every method per seed
+        for s, e, (v, f), m in itertools.product(seeds, envs, variants, methods)
+    ]
+
+
+# The paper's experiments (issue: "Reproduce the paper's MuJoCo results at full scale"). Seeds, steps and
+# variants are fixed here, before any result is seen.
+PPO_KL_VARIANTS = (
+    ("no_gradclip", ("--max-grad-norm", "0")),
+    ("no_advnorm", ("--no-norm-adv",)),
+    ("no_lranneal", ("--no-anneal-lr",)),
+    ("all_off", ("--max-grad-norm", "0", "--no-norm-adv", "--no-anneal-lr")),
+)
+SUITES: dict[str, list[Run]] = {
+    "main": _grid("main", ["ppo", "rgpo", "trpo", "awr"], MUJOCO_ENVS, [0, 1, 2]),
+    "ppo_kl": _grid("ppo_kl", ["ppo", "rgpo"], ["HalfCheetah-v4", "Walker2d-v4"], [0], variants=PPO_KL_VARIANTS),
+    "gates": _grid(
+        "gates", ["rgpo"], ["HalfCheetah-v4"], [0, 1, 2],
+        variants=(("clipped_linear", ("--gate", "clipped_linear")), ("temperature", ("--gate", "temperature"))),
+    ),
+    "k_sweep": _grid(
+        "k_sweep", ["rgpo"], ["HalfCheetah-v4"], [1],
+        variants=tuple((f"k{k}_1epoch", ("--gate-params", "k", str(k), "--update-epochs", "1")) for k in (2, 5, 10, 20)),
+    )
+    + _grid("k_sweep", ["ppo"], ["HalfCheetah-v4"], [1], variants=(("1epoch", ("--update-epochs", "1")),)),
+    "beta0": _grid(
+        "beta0", ["rgpo"], ["HalfCheetah-v4"], [1],
+        variants=tuple(
+            (f"beta{b}_target{t}", ("--kl-coef", str(b), "--kl-target", str(t)))
+            for b, t in ((0.2, 0.02), (0.5, 0.02), (1.0, 0.02), (0.5, 0.01))
+        ),
+    ),
+    "long": _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=3_000_000)
+    + _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=6_000_000),
+    # a few minutes: for trying the runner (and its tests)
+    "smoke": _grid("smoke", ["ppo", "rgpo"], ["Hopper-v4"], [0], steps=4096, variants=(("default", ("--num-steps", "1024", "--checkpoint-every", "1")),)),
+}  # fmt: skip
+
+
+def progress_of(run_dir: str) -> int:
+    """Environment steps done by a run, from the last row of its metrics.csv (0 if none)."""
+    if os.path.exists(os.path.join(run_dir, "final.json")):
+        with open(os.path.join(run_dir, "final.json")) as f:
+            return int(json.load(f)["global_step"])
+    try:
+        with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+        return int(rows[-1]["global_step"]) if rows else 0
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def run_suites(runs: list[Run], results: str, jobs: int, poll: float = 2.0) -> list[tuple[Run, int]]:
+    """Run ``runs`` ``jobs`` at a time; returns the failed ones with their exit status."""
+    from tqdm import tqdm
+
+    run_dir = {r: os.path.join(results, r.suite, r.name) for r in runs}
+    todo = [r for r in runs if not os.path.exists(os.path.join(run_dir[r], "final.json"))]
+    total = sum(r.total_timesteps for r in runs)
+    print(
+        f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time",
+        flush=True,
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    running: dict[Run, tuple[subprocess.Popen, object]] = {}
+    failed: list[tuple[Run, int]] = []
+    done_runs = len(runs) - len(todo)
+    bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.05)
+    bar.update(sum(progress_of(d) for d in run_dir.values()))
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                r = todo.pop(0)
+                os.makedirs(run_dir[r], exist_ok=True)
+                log = open(os.path.join(run_dir[r], "run.log"), "a")
+                log.write(
+                    f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(r.command(os.path.join(results, r.suite)))}\n"
+                )
+                log.flush()
+                proc = subprocess.Popen(r.command(os.path.join(results, r.suite)), stdout=log, stderr=subprocess.STDOUT,
+                                        env=env, cwd=ROOT)  # fmt: skip
+                running[r] = (proc, log)
+            time.sleep(poll)
+            for r, (proc, log) in list(running.items()):
+                if proc.poll() is not None:
+                    log.close()
+                    del running[r]
+                    done_runs += 1
+                    if proc.returncode != 0:
+                        failed.append((r, proc.returncode))
+                        tqdm.write(f"FAILED ({proc.returncode}): {r.name}, see {run_dir[r]}/run.log")
+            steps = sum(progress_of(d) for d in run_dir.values())
+            bar.update(steps - bar.n)
+            bar.set_postfix_str(
+                f"runs {done_runs}/{len(runs)} done, {len(running)} running, {len(failed)} failed"
+            )
+    finally:
+        for proc, log in running.values():  # interrupted: stop the children; they resume next time
+            proc.terminate()
+            proc.wait()
+            log.close()
+        bar.close()
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suites", nargs="*", help=f"suites to run: {', '.join(SUITES)}")
+    p.add_argument(
+        "--results", default=os.path.join(ROOT, "results", "mujoco"), help="results root directory"
+    )
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs side by side (default: cores)")
+    p.add_argument("--list", action="store_true", help="list the suites' runs and their state, run nothing")
+    args = p.parse_args(argv)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown or not (args.suites or args.list):
+        p.error(
+            f"unknown suite(s) {unknown}; choose from {list(SUITES)}"
+            if unknown
+            else "name at least one suite"
+        )
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
+    runs = [r for s in (args.suites or SUITES) for r in SUITES[s]]
+    if args.list:
+        for r in runs:
+            d = os.path.join(args.results, r.suite, r.name)
+            state = "done" if os.path.exists(os.path.join(d, "final.json")) else f"{progress_of(d)} steps"
+            print(f"{r.suite:8s} {r.name:60s} {state}  flags: {' '.join(r.flags) or '-'}")
+        return 0
+    failed = run_suites(runs, args.results, args.jobs)
+    for r, code in failed:
+        print(f"failed: {r.suite}/{r.name} (exit {code})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
