@@ -38,12 +38,10 @@ import trl  # noqa: E402
 from transformers import PrinterCallback, set_seed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from _trainer_utils import base_args, save_tiny_model, tiny_dataset, tiny_tokenizer, vowel_reward  # noqa: E402
-
 from rgpo_trl import RGPOConfig, RGPOTrainer  # noqa: E402
+from rgpo_trl.testing import base_args, save_tiny_model, tiny_dataset, tiny_tokenizer, vowel_reward  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

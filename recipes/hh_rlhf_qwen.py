@@ -1,49 +1,55 @@
 # Copyright 2026 The rgpo-trl developers. Apache-2.0.
 """RGPO on Anthropic HH-RLHF (helpful) with a pairwise DeBERTa reward model: the paper's Sec. 7.3.
 
-Two presets, one code path:
+Presets are YAML files in ``recipes/configs/`` passed with ``--config`` (``--preset NAME`` is short for
+``--config recipes/configs/hh_rlhf_NAME.yaml``; default ``tiny``):
 
-* ``--preset paper``: Qwen/Qwen2.5-1.5B-Instruct, OpenAssistant/reward-model-deberta-v3-large-v2,
-  Anthropic/hh-rlhf helpful-base (43,835 prompts), 4 prompts x 4 completions per iteration,
-  lr 1e-6, 256 prompt / 256 completion tokens, 400 iterations, beta_ref 0.05, k 5, bf16.
-  Needs GPUs and the hub (or local copies: pass paths instead of ids)::
+* ``hh_rlhf_paper.yaml``: Qwen/Qwen2.5-1.5B-Instruct, OpenAssistant/reward-model-deberta-v3-large-v2,
+  Anthropic/hh-rlhf helpful-base (43,835 prompts), 4 prompts x 4 completions per iteration, lr 1e-6,
+  256 prompt / 256 completion tokens, 400 iterations, window 300-400, bf16. Needs GPUs and the hub (or
+  local copies: pass paths instead of ids)::
 
       accelerate launch --config_file recipes/accelerate_configs/single_gpu.yaml \\
           recipes/hh_rlhf_qwen.py --preset paper --method rgpo --seed 1
 
-* ``--preset tiny`` (default): the embedded offline default. It builds (once, cached) a synthetic
-  HH-format dialogue set with gold quality scores, a tiny Qwen2 policy and a tiny DeBERTa-v2 reward
-  model, and runs the same recipe on CPU::
+* ``hh_rlhf_tiny.yaml``: the embedded offline default, the same recipe on CPU on the tiny-HH world
+  (``tiny-hh/<asset>`` paths are built once and cached, see `rgpo_trl.tiny_hh`)::
 
       accelerate launch --config_file recipes/accelerate_configs/cpu.yaml recipes/hh_rlhf_qwen.py
 
-``--method rgpo | grpo | ppo_clip_kl | sapo`` runs the paper's baselines through the same code
-(see `rgpo_trl.rlhf_methods`). Any RGPOConfig / GRPOConfig / ModelConfig field can be set on the
-command line or in a YAML file given with ``--config``; the preset only sets defaults.
-Per-iteration metrics go to ``<output_dir>/metrics.jsonl`` (and ``metrics.csv``), and the window
-averages the paper reports (iterations 300-400 for the paper preset) to ``summary.json``.
+``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, grpo, ppo_clip_kl, sapo);
+it applies its loss settings over the preset. Precedence: field defaults < method < YAML < command line.
+Any RGPOConfig / GRPOConfig / ModelConfig field can be set. Per-iteration metrics go to
+``<output_dir>/metrics.jsonl`` (and ``metrics.csv``), the window averages the paper reports to ``summary.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 
-PRESETS = ("paper", "tiny")
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+TINY_PREFIX = "tiny-hh/"  # `tiny-hh/<asset>` in a preset names an asset of the embedded tiny-HH world
 
 
 @dataclass
 class HHScriptArguments:
     """Recipe arguments (data, reward model, preset, method, evaluation window)."""
 
-    preset: str = field(default="tiny", metadata={"help": "Defaults to start from: 'paper' or 'tiny'."})
+    preset: str = field(
+        default="tiny",
+        metadata={
+            "help": "Preset: recipes/configs/hh_rlhf_<preset>.yaml ('tiny' or 'paper'); a --config replaces it."
+        },
+    )
     method: str = field(
-        default="rgpo", metadata={"help": "Policy loss: 'rgpo', 'grpo', 'ppo_clip_kl' or 'sapo'."}
+        default="rgpo",
+        metadata={"help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, grpo, ppo_clip_kl, sapo."},
     )
     reward_model_name_or_path: str = field(
         default="OpenAssistant/reward-model-deberta-v3-large-v2",
@@ -58,7 +64,8 @@ class HHScriptArguments:
     )
     dataset_split: str = field(default="train", metadata={"help": "Split to take prompts from."})
     max_prompt_length: int = field(
-        default=256, metadata={"help": "Prompts longer than this (in tokens, chat template applied) are dropped."}
+        default=256,
+        metadata={"help": "Prompts longer than this (in tokens, chat template applied) are dropped."},
     )
     max_train_prompts: int | None = field(
         default=None, metadata={"help": "Keep only the first N prompts (after filtering); None keeps all."}
@@ -74,147 +81,120 @@ class HHScriptArguments:
     window_start: int | None = field(
         default=300, metadata={"help": "Summary window start (exclusive); None = 3/4 of the run."}
     )
-    window_end: int | None = field(default=400, metadata={"help": "Summary window end; None = last iteration."})
+    window_end: int | None = field(
+        default=400, metadata={"help": "Summary window end; None = last iteration."}
+    )
     reward_batch_size: int = field(default=16, metadata={"help": "Batch size of the reward model."})
     reward_max_length: int | None = field(
         default=None, metadata={"help": "Truncate (question, answer) pairs to this length; None = model max."}
     )
     cache_dir: str | None = field(
-        default=None, metadata={"help": "Tiny preset: where the assets are cached (default: $RGPO_TRL_CACHE)."}
+        default=None, metadata={"help": "tiny-hh/ assets: where they are cached (default: $RGPO_TRL_CACHE)."}
     )
     tiny_quick: bool = field(
-        default=False, metadata={"help": "Tiny preset: use the smaller, faster-to-build assets (tests)."}
+        default=False, metadata={"help": "tiny-hh/ assets: use the smaller, faster-to-build variant (tests)."}
     )
 
 
-def preset_defaults(preset: str, method: str, cache_dir: str | None = None, tiny_quick: bool = False) -> dict:
-    """Default values of every argument for a preset and method (CLI and --config override them)."""
-    from rgpo_trl.rlhf_methods import METHOD_OVERRIDES, check_method
-
-    check_method(method)
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
-    shared = dict(
-        num_generations=4,
-        per_device_train_batch_size=16,  # 4 prompts x 4 completions per process
-        gradient_accumulation_steps=1,
-        num_iterations=2,  # every method reuses each batch twice, so only the loss differs
-        logging_steps=1,
-        save_strategy="steps",
-        save_total_limit=2,
-        temperature=1.0,
-        log_completions=False,
-        disable_dropout=True,
-        remove_unused_columns=False,
-    )
-    if preset == "paper":
-        defaults = dict(
-            model_name_or_path="Qwen/Qwen2.5-1.5B-Instruct",
-            reward_model_name_or_path="OpenAssistant/reward-model-deberta-v3-large-v2",
-            dataset_name="Anthropic/hh-rlhf",
-            dataset_data_dir="helpful-base",
-            learning_rate=1e-6,
-            max_prompt_length=256,
-            max_completion_length=256,
-            num_rl_iterations=400,
-            window_start=300,
-            window_end=400,
-            bf16=True,
-            dtype="bfloat16",
-            save_steps=200,
-            activation_checkpointing=True,
-            report_to="tensorboard",
-        )
-    else:
-        from accelerate import PartialState
-
-        from rgpo_trl.tiny_hh import build_tiny_assets
-
-        with PartialState().main_process_first():  # rank 0 builds (once, cached); the others then load
-            assets = build_tiny_assets(cache_dir, quick=tiny_quick)
-        defaults = dict(
-            model_name_or_path=str(assets.policy_dir),
-            reward_model_name_or_path=str(assets.reward_model_dir),
-            dataset_name=str(assets.train_file),
-            dataset_data_dir=None,
-            learning_rate=1e-3,  # large enough for a visible KL to pi_old and to the reference in 60 iterations
-            max_prompt_length=128,
-            max_completion_length=24,
-            num_rl_iterations=60,
-            window_start=None,
-            window_end=None,
-            bf16=False,
-            use_cpu=True,
-            save_steps=60,
-            report_to="none",
-            reward_batch_size=64,
-        )
-    defaults.update(shared)
-    defaults.update(METHOD_OVERRIDES[method])
-    defaults.update(preset=preset, method=method, output_dir=f"runs/hh_rlhf_qwen/{preset}-{method}")
-    return defaults
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--name X`` / ``--name=X`` in argv (the last one), without parsing anything else."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == f"--{name}" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
-def _pre_parse(argv: list[str]) -> tuple[str, str, str | None, bool]:
-    """Read --preset / --method / --cache_dir / --tiny_quick (CLI or YAML --config) before full parsing."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    pre.add_argument("--preset")
-    pre.add_argument("--method")
-    pre.add_argument("--cache_dir", "--cache-dir")
-    pre.add_argument("--tiny_quick", "--tiny-quick", nargs="?", const="true")
-    known, _ = pre.parse_known_args(argv)
-    from_yaml = {}
-    if known.config:
-        with open(known.config) as f:
-            from_yaml = yaml.safe_load(f) or {}
-    preset = known.preset or from_yaml.get("preset", "tiny")
-    method = known.method or from_yaml.get("method", "rgpo")
-    quick = known.tiny_quick if known.tiny_quick is not None else from_yaml.get("tiny_quick", False)
-    quick = str(quick).lower() in ("1", "true", "yes")
-    return preset, method, known.cache_dir or from_yaml.get("cache_dir"), quick
+def _config_and_method(argv: list[str]) -> tuple[list[str], str, str, dict]:
+    """Turn ``--preset NAME`` into ``--config recipes/configs/hh_rlhf_NAME.yaml`` and read ``--method`` (CLI, else
+    the YAML): the method decides the config class, so it is known before the one parse."""
+    argv = list(argv)
+    if "--config" in argv and _flag(argv, "preset") is not None:
+        raise ValueError("give either --preset or --config (a preset is a config file), not both")
+    if "--config" not in argv:
+        preset = _flag(argv, "preset") or "tiny"
+        path = CONFIG_DIR / f"hh_rlhf_{preset}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem.removeprefix("hh_rlhf_") for p in CONFIG_DIR.glob("hh_rlhf_*.yaml"))
+            raise ValueError(
+                f"preset must be one of {known} (recipes/configs/hh_rlhf_<preset>.yaml), got {preset!r}"
+            )
+        argv += ["--config", str(path)]
+    config_path = argv[argv.index("--config") + 1]
+    with open(config_path) as f:
+        from_yaml = yaml.safe_load(f) or {}
+    method = _flag(argv, "method") or from_yaml.get("method", "rgpo")
+    return argv, from_yaml.get("preset") or Path(config_path).stem, method, from_yaml
 
 
-def _check_hub_ids_first(argv: list[str], defaults: dict) -> None:
-    """Fail before anything else (config validation, model loading) when a hub id cannot be loaded,
-    e.g. offline without a local copy; the error names the id and the way out."""
-    from trl import ModelConfig, TrlParser
+def check_hub_ids(argv: list[str], from_yaml: dict) -> None:
+    """Fail before anything is built (a paper config without a GPU fails on bf16 first) when a hub id of the
+    model, reward model or dataset cannot be loaded, e.g. offline without a local copy."""
+    from rgpo_trl.rlhf.hub_access import ensure_loadable
 
-    from rgpo_trl.hub_access import ensure_loadable
+    for name, kind in (
+        ("model_name_or_path", "model"),
+        ("reward_model_name_or_path", "model"),
+        ("dataset_name", "dataset"),
+    ):
+        value = _flag(argv, name) or from_yaml.get(name)
+        if value and not value.startswith(TINY_PREFIX) and not value.endswith((".json", ".jsonl")):
+            ensure_loadable(value, kind)
 
-    light = TrlParser((HHScriptArguments, ModelConfig))
-    dests = {f.name for dc in (HHScriptArguments, ModelConfig) for f in fields(dc)}
-    light.set_defaults(**{k: v for k, v in defaults.items() if k in dests})
-    script_args, model_args, _ = light.parse_args_and_config(
-        args=argv, return_remaining_strings=True, fail_with_unknown_args=False
-    )
-    ensure_loadable(model_args.model_name_or_path, "model")
-    ensure_loadable(script_args.reward_model_name_or_path, "model")
-    if not script_args.dataset_name.endswith((".json", ".jsonl")):
-        ensure_loadable(script_args.dataset_name, "dataset")
+
+def resolve_tiny_assets(script_args, model_args) -> None:
+    """Replace ``tiny-hh/<asset>`` paths by the cached tiny-HH assets, building them once (rank 0 first)."""
+    paths = {
+        "model_name_or_path": model_args,
+        "reward_model_name_or_path": script_args,
+        "dataset_name": script_args,
+    }
+    if not any(str(getattr(obj, name)).startswith(TINY_PREFIX) for name, obj in paths.items()):
+        return
+    from accelerate import PartialState
+
+    from rgpo_trl.tiny_hh import build_tiny_assets
+
+    with PartialState().main_process_first():
+        assets = build_tiny_assets(script_args.cache_dir, quick=script_args.tiny_quick)
+    known = {"policy": assets.policy_dir, "reward_model": assets.reward_model_dir, "train": assets.train_file,
+             "test": assets.test_file}  # fmt: skip
+    for name, obj in paths.items():
+        value = str(getattr(obj, name))
+        if value.startswith(TINY_PREFIX):
+            asset = value.removeprefix(TINY_PREFIX)
+            if asset not in known:
+                raise ValueError(f"{name}={value!r}: tiny-hh assets are {sorted(known)}")
+            setattr(obj, name, str(known[asset]))
 
 
 def parse_args(argv: list[str] | None = None, check_hub: bool = True):
-    """Returns (script_args, training_args, model_args) with the preset's defaults applied.
-    With ``check_hub`` (the default) hub ids are checked before the configs are built."""
+    """One TrlParser parse into (script_args, training_args, model_args); the method's loss settings are its
+    defaults, the preset YAML and the command line override them. With ``check_hub`` hub ids are checked
+    (fail fast offline) before anything is built."""
     from trl import ModelConfig, TrlParser
 
-    from rgpo_trl.rlhf_methods import trainer_and_config_class
+    from rgpo_trl.rlhf.methods import get_rlhf_method
 
-    argv = sys.argv[1:] if argv is None else argv
-    preset, method, cache_dir, tiny_quick = _pre_parse(argv)
-    defaults = preset_defaults(preset, method, cache_dir, tiny_quick)
-    _, config_class = trainer_and_config_class(method)
+    argv, preset, method_name, from_yaml = _config_and_method(sys.argv[1:] if argv is None else argv)
+    method = get_rlhf_method(method_name)
     if check_hub:
-        _check_hub_ids_first(argv, defaults)
-    parser = TrlParser((HHScriptArguments, config_class, ModelConfig))
-    known_dests = {f.name for dc in (HHScriptArguments, config_class, ModelConfig) for f in fields(dc)}
-    parser.set_defaults(**{k: v for k, v in defaults.items() if k in known_dests})
+        check_hub_ids(argv, from_yaml)
+    parser = TrlParser((HHScriptArguments, method.config_class, ModelConfig))
+    parser.set_defaults(
+        **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{preset}-{method.name}"
+    )
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    if script_args.preset != preset or script_args.method != method:
-        raise ValueError("--preset/--method must be given once (CLI or --config), not overridden later")
+    script_args.preset = preset  # the preset's name (its YAML's `preset`, else the file name)
+    if script_args.method != method.name:
+        raise ValueError(
+            f"--method was read as {method.name!r} before parsing but parsed as {script_args.method!r}"
+        )
     if model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path is required")
+    resolve_tiny_assets(script_args, model_args)
     return script_args, training_args, model_args
 
 
@@ -242,9 +222,10 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
     from trl import get_peft_config
 
-    from rgpo_trl.hh_data import load_hh_helpful_prompts
-    from rgpo_trl.rewards import load_pairwise_reward
-    from rgpo_trl.rlhf_methods import IterationMetricsWriter, trainer_and_config_class
+    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
+    from rgpo_trl.rlhf.methods import IterationMetricsWriter, get_rlhf_method
+    from rgpo_trl.rlhf.rewards import load_pairwise_reward
+    from rgpo_trl.trainer import optimizer_steps_per_iteration
 
     state = PartialState()
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
@@ -268,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     reward_funcs, reward_weights = [reward_model], [1.0]
     if script_args.preset == "tiny":
-        from rgpo_trl.tiny_hh import gold_reward_func
+        from rgpo_trl.tiny_hh import gold_reward_func  # noqa: I001
 
         # The generator's gold quality score, logged as rewards/gold/mean with weight 0 (never
         # optimised), to watch the proxy reward model being over-optimised.
@@ -283,9 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
 
-    steps_per_iteration = training_args.num_iterations * max(
-        1, training_args.steps_per_generation // training_args.gradient_accumulation_steps
-    )
+    steps_per_iteration = optimizer_steps_per_iteration(training_args)
     if training_args.max_steps is None or training_args.max_steps <= 0:
         training_args.max_steps = script_args.num_rl_iterations * steps_per_iteration
     n_iters = training_args.max_steps // steps_per_iteration
@@ -294,8 +273,8 @@ def main(argv: list[str] | None = None) -> dict:
         script_args.window_end if script_args.window_end is not None else n_iters,
     )
 
-    trainer_class, _ = trainer_and_config_class(script_args.method)
-    trainer = trainer_class(
+    method = get_rlhf_method(script_args.method)
+    trainer = method.trainer_class(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
         args=training_args,
@@ -312,7 +291,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         reward_model.to(trainer.accelerator.device)
     trainer.add_callback(
-        IterationMetricsWriter(training_args.output_dir, steps_per_iteration, window, script_args.method)
+        IterationMetricsWriter(
+            training_args.output_dir, steps_per_iteration, window, method, state.num_processes
+        )
     )
     if state.is_main_process:
         print(
@@ -327,9 +308,6 @@ def main(argv: list[str] | None = None) -> dict:
     if state.is_main_process and os.path.exists(summary_path):
         with open(summary_path) as f:
             summary = json.load(f)
-        summary["world_size"] = state.num_processes
-        with open(summary_path, "w") as f:
-            json.dump(summary, f, indent=2)
     state.wait_for_everyone()
     return summary
 

@@ -16,13 +16,12 @@ from .core import __all__ as _core_all
 __version__ = "0.1.0"
 
 _LAZY = {
-    "RGPOConfig": "rgpo_trl.rgpo_config",
-    "RGPOTrainer": "rgpo_trl.rgpo_trainer",
+    "RGPOConfig": "rgpo_trl.trainer",
+    "RGPOTrainer": "rgpo_trl.trainer",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .rgpo_config import RGPOConfig
-    from .rgpo_trainer import RGPOTrainer
+    from .trainer import RGPOConfig, RGPOTrainer
 
 
 def __getattr__(name: str) -> Any:

@@ -63,7 +63,14 @@ def test_rgpo_config_validates_a_registered_gate(tmp_path):
 
 def test_rgpo_trainer_trains_with_a_registered_gate(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
-    from _trainer_utils import attach_recorder, base_args, save_tiny_model, tiny_dataset, tiny_tokenizer, vowel_reward
+    from _trainer_utils import (
+        attach_recorder,
+        base_args,
+        save_tiny_model,
+        tiny_dataset,
+        tiny_tokenizer,
+        vowel_reward,
+    )
 
     from rgpo_trl import RGPOConfig, RGPOTrainer
 

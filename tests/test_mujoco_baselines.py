@@ -19,7 +19,6 @@ pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
 pytest.importorskip("tyro")
 
-import rgpo_trl  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ["ppo", "rgpo", "trpo", "awr"]

@@ -8,10 +8,10 @@ from rgpo_trl import (
     effective_sample_size,
     kl_old_estimate,
     kl_ref_estimate,
+    log_ratios,
     make_gate,
     rgpo_diagnostics,
     rgpo_loss,
-    log_ratios,
 )
 
 

@@ -72,11 +72,13 @@ def test_methods_share_everything_but_the_loss(tmp_path, method, loss_type, beta
 
 
 def test_cli_and_yaml_override_the_preset(tmp_path):
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({"preset": "paper", "learning_rate": 5e-7, "gate_params": {"k": 3.0}}))
+    cfg = tmp_path / "cfg.yaml"  # a user's config: the paper preset with two changes
+    preset = yaml.safe_load((ROOT / "recipes" / "configs" / "hh_rlhf_paper.yaml").read_text())
+    cfg.write_text(yaml.safe_dump({**preset, "learning_rate": 5e-7, "gate_params": {"k": 3.0}}))
     argv = ["--config", str(cfg), "--gate_params", '{"k": 4}', "--use_cpu", "true", "--output_dir", str(tmp_path)]
     script, train, _ = recipe.parse_args(argv, check_hub=False)
     assert script.preset == "paper" and train.learning_rate == 5e-7 and train.make_gate().k == 4.0
+    assert train.max_completion_length == 256  # the rest of the preset is kept
 
 
 @pytest.mark.parametrize("bad", [["--method", "dpo"], ["--preset", "huge"]])
@@ -143,7 +145,7 @@ def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method):
 
 def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
     """The reference model exists only for the KL_ref metric: GRPO's loss keeps beta = 0."""
-    import rgpo_trl.rlhf_methods as methods
+    import rgpo_trl.rlhf.methods as methods
 
     seen = {}
     original = methods.GRPOMonitoredTrainer.train

@@ -20,8 +20,8 @@ from _trainer_utils import (
 )
 from transformers import set_seed
 
-from rgpo_trl import RGPOConfig, RGPOTrainer, make_gate, rgpo_loss
-from rgpo_trl.rgpo_trainer import KL_CONTROLLER_FILE
+from rgpo_trl import RGPOConfig, RGPOTrainer, rgpo_loss
+from rgpo_trl.trainer.trainer import KL_CONTROLLER_FILE
 
 torch.set_num_threads(1)
 

@@ -16,7 +16,7 @@ import torch
 from conftest import assets_cache_root
 
 from rgpo_trl import tiny_hh
-from rgpo_trl.hh_data import hh_text_to_prompt, load_hh_helpful_prompts, parse_hh_dialogue
+from rgpo_trl.rlhf.hh_data import hh_text_to_prompt, load_hh_helpful_prompts, parse_hh_dialogue
 from rgpo_trl.tiny_hh import (
     BUILDER_VERSION,
     assets_dir,
@@ -26,6 +26,9 @@ from rgpo_trl.tiny_hh import (
     gold_score,
     write_jsonl,
 )
+from rgpo_trl.tiny_hh import build as tiny_build
+from rgpo_trl.tiny_hh import dialogues as tiny_dialogues
+from rgpo_trl.tiny_hh.__main__ import main as tiny_main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -57,7 +60,7 @@ def test_gold_rule_components_by_hand():
 
 def test_good_responses_are_ideal_for_every_item():
     rng = random.Random(0)
-    for topic, subject, parts in tiny_hh._items():
+    for topic, subject, parts in tiny_dialogues._items():
         r = tiny_hh.make_response("good", topic, parts, rng)
         c = gold_components(f"How do I {subject}?", r)
         assert c["answers"] == 1.0 and c["on_topic"] == 1.0, (subject, r)
@@ -91,7 +94,7 @@ def test_cache_location_and_versioning(monkeypatch, tmp_path):
     assert assets_dir() == tmp_path / "tiny_hh" / f"v{BUILDER_VERSION}"
     assert assets_dir(quick=True).name == f"v{BUILDER_VERSION}-quick"
     assert assets_dir(seed=7).name == f"v{BUILDER_VERSION}-seed7"
-    monkeypatch.setattr(tiny_hh, "BUILDER_VERSION", BUILDER_VERSION + 1)
+    monkeypatch.setattr(tiny_build, "BUILDER_VERSION", BUILDER_VERSION + 1)
     assert tiny_hh.assets_dir().name == f"v{BUILDER_VERSION + 1}"  # a new version -> a new directory
 
 
@@ -131,7 +134,7 @@ def test_hh_loader_reads_tiny_data(quick_assets):
 
 
 def test_reward_model_reload_and_heldout_accuracy(quick_assets):
-    """Independent of rgpo_trl.rewards: Auto classes + the model-card pair encoding."""
+    """Independent of rgpo_trl.rlhf.rewards: Auto classes + the model-card pair encoding."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(quick_assets.reward_model_dir)
@@ -149,7 +152,7 @@ def test_reward_model_reload_and_heldout_accuracy(quick_assets):
     acc = correct / len(rows)
     assert acc >= 0.7, acc  # chance is 0.5
 
-    from rgpo_trl.rewards import PairwiseRewardModel
+    from rgpo_trl.rlhf.rewards import PairwiseRewardModel
 
     rm = PairwiseRewardModel(str(quick_assets.reward_model_dir), batch_size=8)
     r0 = rows[0]
@@ -194,7 +197,7 @@ def test_gold_reward_func_is_a_trl_reward_func():
 
 
 def test_cli_prints_paths_and_build_info(quick_assets, capsys):
-    assert tiny_hh.main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets))]) == 0
+    assert tiny_main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets))]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policy_dir"] == str(quick_assets.policy_dir)
     assert out["reward_model_dir"] == str(quick_assets.reward_model_dir)
@@ -221,7 +224,7 @@ def test_grpo_trainer_step_with_pairwise_reward_and_gold_metric(quick_assets, tm
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from rgpo_trl.rewards import PairwiseRewardModel
+    from rgpo_trl.rlhf.rewards import PairwiseRewardModel
     from rgpo_trl.tiny_hh import gold_reward_func
 
     tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir)

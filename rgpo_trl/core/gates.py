@@ -55,7 +55,9 @@ class GateParam:
                 value < self.high if self.high_open else value <= self.high
             )
         if not ok:
-            raise ValueError(f"gate {gate!r}: {name} must be a finite number in {self.interval}, got {value!r}")
+            raise ValueError(
+                f"gate {gate!r}: {name} must be a finite number in {self.interval}, got {value!r}"
+            )
         return float(value)
 
 

@@ -15,7 +15,12 @@ from typing import Any
 
 
 def _check_positive(owner: str, field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{owner}: {field} must be a finite number in (0, inf), got {value!r}")
     return float(value)
 
@@ -104,10 +109,19 @@ class AdaptiveKLController(KLController):
     """The paper's doubling / halving rule (Eq. beta_update), defaults from the paper."""
 
     def __init__(
-        self, kl_coef: float = 0.5, kl_target: float = 0.02, kl_coef_min: float = 0.01, kl_coef_max: float = 5.0
+        self,
+        kl_coef: float = 0.5,
+        kl_target: float = 0.02,
+        kl_coef_min: float = 0.01,
+        kl_coef_max: float = 5.0,
     ):
         owner = "AdaptiveKLController"
-        values = {"kl_coef": kl_coef, "kl_target": kl_target, "kl_coef_min": kl_coef_min, "kl_coef_max": kl_coef_max}
+        values = {
+            "kl_coef": kl_coef,
+            "kl_target": kl_target,
+            "kl_coef_min": kl_coef_min,
+            "kl_coef_max": kl_coef_max,
+        }
         for field, value in values.items():
             _check_positive(owner, field, value)
         if not kl_coef_min <= kl_coef <= kl_coef_max:

@@ -127,7 +127,9 @@ def rgpo_loss(
         loss = (per_element if mask is None else per_element * mask).sum() / normalizer
     if not diagnostics:
         return loss, {}
-    return loss, rgpo_diagnostics(logps, old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode, mask=mask)
+    return loss, rgpo_diagnostics(
+        logps, old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode, mask=mask
+    )
 
 
 @torch.no_grad()

@@ -23,7 +23,16 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from .core import GATES, KL_CONTROLLERS, RATIO_MODES, Gate, KLController, describe_gates, make_gate, make_kl_controller
+from ..core import (
+    GATES,
+    KL_CONTROLLERS,
+    RATIO_MODES,
+    Gate,
+    KLController,
+    describe_gates,
+    make_gate,
+    make_kl_controller,
+)
 
 
 @dataclass
@@ -168,7 +177,9 @@ class RGPOConfig(GRPOConfig):
         if self.ratio_mode not in RATIO_MODES:
             raise ValueError(f"ratio_mode must be one of {list(RATIO_MODES)}, got {self.ratio_mode!r}")
         if self.kl_controller not in KL_CONTROLLERS:
-            raise ValueError(f"kl_controller must be one of {sorted(KL_CONTROLLERS)}, got {self.kl_controller!r}")
+            raise ValueError(
+                f"kl_controller must be one of {sorted(KL_CONTROLLERS)}, got {self.kl_controller!r}"
+            )
         self.make_kl_controller()  # validates kl_coef and the controller's own settings
         if (
             isinstance(self.beta, bool)
@@ -241,3 +252,13 @@ class RGPOConfig(GRPOConfig):
             kl_coef_min=self.kl_coef_min,
             kl_coef_max=self.kl_coef_max,
         )
+
+
+def micro_batches_per_iteration(args: GRPOConfig) -> int:
+    """Training micro-batches of one RL iteration (one generation batch and all its reuse), for any GRPOConfig."""
+    return args.steps_per_generation * args.num_iterations
+
+
+def optimizer_steps_per_iteration(args: GRPOConfig) -> int:
+    """Optimizer steps of one RL iteration (at least 1), for any GRPOConfig."""
+    return max(1, micro_batches_per_iteration(args) // args.gradient_accumulation_steps)

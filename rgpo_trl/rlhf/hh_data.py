@@ -119,10 +119,15 @@ def render_hh_text(messages: Sequence[Mapping[str, str]], add_generation_prompt:
     return out
 
 
-def prompt_token_lengths(prompts: Sequence[Sequence[Mapping[str, str]]], tokenizer, batch_size: int = 512) -> list[int]:
+def prompt_token_lengths(
+    prompts: Sequence[Sequence[Mapping[str, str]]], tokenizer, batch_size: int = 512
+) -> list[int]:
     """Token count of each prompt as ``GRPOTrainer`` will see it (chat template + generation prompt)."""
     if getattr(tokenizer, "chat_template", None):
-        texts = [tokenizer.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True) for p in prompts]
+        texts = [
+            tokenizer.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
     else:
         texts = [render_hh_text(p) for p in prompts]
     lengths: list[int] = []
@@ -192,7 +197,9 @@ def hh_rows_to_prompts(
         prompts = [p for p, k in zip(prompts, keep, strict=True) if k]
         kept_extra = {c: [v for v, k in zip(vals, keep, strict=True) if k] for c, vals in kept_extra.items()}
         if stats.too_long:
-            logger.info("HH-RLHF: dropped %d prompt(s) longer than %d tokens.", stats.too_long, max_prompt_length)
+            logger.info(
+                "HH-RLHF: dropped %d prompt(s) longer than %d tokens.", stats.too_long, max_prompt_length
+            )
     stats.kept = len(prompts)
     data = {"prompt": prompts, **kept_extra}
     if not prompts:
@@ -202,11 +209,16 @@ def hh_rows_to_prompts(
     return ds, stats
 
 
-def load_hh_raw(dataset_name_or_path: str = HH_DATASET_ID, split: str = "train", *, data_dir: str | None = HH_HELPFUL_DATA_DIR):
+def load_hh_raw(
+    dataset_name_or_path: str = HH_DATASET_ID,
+    split: str = "train",
+    *,
+    data_dir: str | None = HH_HELPFUL_DATA_DIR,
+):
     """Load raw HH rows from a hub id, a local dataset directory, or a local json/jsonl file."""
     from datasets import load_dataset
 
-    from rgpo_trl.hub_access import ensure_loadable
+    from rgpo_trl.rlhf.hub_access import ensure_loadable
 
     src = ensure_loadable(dataset_name_or_path, kind="dataset")
     if os.path.isfile(src):
@@ -230,7 +242,7 @@ def load_hh_helpful_prompts(
 ):
     """HH-RLHF helpful prompts for ``GRPOTrainer``: ``(Dataset[{"prompt": [...]}], HHPromptStats)``.
 
-    ``dataset_name_or_path``: a hub id (checked with :func:`rgpo_trl.hub_access.ensure_loadable`
+    ``dataset_name_or_path``: a hub id (checked with :func:`rgpo_trl.rlhf.hub_access.ensure_loadable`
     first, so an offline machine fails fast), a local dataset directory (``data_dir`` is used if
     that sub-directory exists, e.g. a mirror of the hub repo), or a ``.jsonl`` file. The full
     ``helpful-base`` train split has 43,835 rows. ``max_rows`` keeps the first rows only.

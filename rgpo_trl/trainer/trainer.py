@@ -32,8 +32,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from .core import ess_from_moments, masked_mean, rgpo_loss
-from .rgpo_config import RGPOConfig
+from ..core import ess_from_moments, masked_mean, rgpo_loss
+from .config import RGPOConfig, micro_batches_per_iteration
 
 KL_CONTROLLER_FILE = "rgpo_kl_controller.json"
 
@@ -87,7 +87,7 @@ class RGPOTrainer(GRPOTrainer):
         self.gate = args.make_gate()
         self.ratio_mode = args.ratio_mode
         self.kl_ctl = args.make_kl_controller()
-        self.iteration_length = args.steps_per_generation * self.num_iterations  # micro-batches per iteration
+        self.iteration_length = micro_batches_per_iteration(args)
         self._reset_iteration_stats()
         if self.args.gradient_accumulation_steps % self.iteration_length == 0 and not (
             self.use_vllm and self.vllm_importance_sampling_correction
@@ -236,7 +236,14 @@ class RGPOTrainer(GRPOTrainer):
                 **common,
             )
             loss = seq_loss + kl_loss
-            for key in ("gate_mean", "weight_mean", "weight_sq_mean", "ess", "rejected_frac", "ref_ratio_larger_frac"):
+            for key in (
+                "gate_mean",
+                "weight_mean",
+                "weight_sq_mean",
+                "ess",
+                "rejected_frac",
+                "ref_ratio_larger_frac",
+            ):
                 if key in seq_diag:
                     diag[key] = seq_diag[key]
         else:
@@ -266,10 +273,14 @@ class RGPOTrainer(GRPOTrainer):
         local_sums += [(entropies.float() * mask).sum(), count]
         totals = self.accelerator.reduce(torch.stack(local_sums), reduction="sum")
         global_count = totals[-1]
-        means = dict(zip([*mean_keys, "entropy"], (totals[:-1] / global_count.clamp(min=1.0)).tolist(), strict=True))
+        means = dict(
+            zip([*mean_keys, "entropy"], (totals[:-1] / global_count.clamp(min=1.0)).tolist(), strict=True)
+        )
         gathered = self.accelerator.gather(torch.stack([diag[k].to(count.device) for k in max_keys])[None])
         maxima = dict(zip(max_keys, gathered.max(dim=0).values.tolist(), strict=True))
-        ess = ess_from_moments(torch.tensor(means["weight_mean"]), torch.tensor(means["weight_sq_mean"])).item()
+        ess = ess_from_moments(
+            torch.tensor(means["weight_mean"]), torch.tensor(means["weight_sq_mean"])
+        ).item()
 
         metrics = self._metrics[mode]
         for key, value in {**means, **maxima, "ess": ess, "kl_coef": self.kl_ctl.kl_coef}.items():

@@ -99,7 +99,11 @@ def _probe(repo_id: str, kind: Kind, timeout: float) -> str | None:
 
 
 def _message(name: str, kind: Kind, why: str) -> str:
-    what = "a directory saved with save_pretrained" if kind == "model" else "a dataset directory or a .jsonl file"
+    what = (
+        "a directory saved with save_pretrained"
+        if kind == "model"
+        else "a dataset directory or a .jsonl file"
+    )
     return (
         f"Cannot load {kind} {name!r} from the Hugging Face Hub: {why}. "
         f"Pass a local path instead ({what}), or use `--preset tiny` to run on the embedded offline "
@@ -107,7 +111,9 @@ def _message(name: str, kind: Kind, why: str) -> str:
     )
 
 
-def ensure_loadable(name_or_path: str | os.PathLike, kind: Kind = "model", *, probe_timeout: float | None = None) -> str:
+def ensure_loadable(
+    name_or_path: str | os.PathLike, kind: Kind = "model", *, probe_timeout: float | None = None
+) -> str:
     """Check that ``name_or_path`` can be loaded without waiting on an unreachable hub.
 
     Returns ``name_or_path`` as a string (expanded if it is a local path). Raises
@@ -125,7 +131,9 @@ def ensure_loadable(name_or_path: str | os.PathLike, kind: Kind = "model", *, pr
     if _is_cached(name, kind):
         return name
     if hub_offline(kind):
-        raise HubUnavailableError(_message(name, kind, "the hub is offline (HF_HUB_OFFLINE=1) and it is not cached"))
+        raise HubUnavailableError(
+            _message(name, kind, "the hub is offline (HF_HUB_OFFLINE=1) and it is not cached")
+        )
     if probe_timeout is None:
         probe_timeout = float(os.environ.get("RGPO_TRL_HUB_PROBE_TIMEOUT", DEFAULT_PROBE_TIMEOUT_S))
     reason = _probe(name, kind, probe_timeout)

@@ -50,7 +50,7 @@ def _completion_text(c: Any) -> str:
 
 
 def _question_text(prompt: Any, mode: QuestionMode) -> str:
-    from rgpo_trl.hh_data import HHFormatError, last_user_text, parse_hh_dialogue, render_hh_text
+    from rgpo_trl.rlhf.hh_data import HHFormatError, last_user_text, parse_hh_dialogue, render_hh_text
 
     if mode == "last_user":
         return last_user_text(prompt)
@@ -71,7 +71,7 @@ class PairwiseRewardModel:
 
     Args:
         model_name_or_path: hub id or local directory; checked with
-            :func:`rgpo_trl.hub_access.ensure_loadable` (fails fast offline). Omit it when
+            :func:`rgpo_trl.rlhf.hub_access.ensure_loadable` (fails fast offline). Omit it when
             passing ``model`` and ``tokenizer``.
         model, tokenizer: already loaded objects (used instead of loading).
         batch_size: completions per forward pass.
@@ -82,9 +82,19 @@ class PairwiseRewardModel:
         name: ``__name__`` used by TRL for metric names (default: last part of the id/path).
     """
 
-    def __init__(self, model_name_or_path: str | os.PathLike | None = None, *, model=None, tokenizer=None,
-                 batch_size: int = 16, max_length: int | None = None, question: QuestionMode = "last_user",
-                 device: Any = None, dtype: Any = None, name: str | None = None):
+    def __init__(
+        self,
+        model_name_or_path: str | os.PathLike | None = None,
+        *,
+        model=None,
+        tokenizer=None,
+        batch_size: int = 16,
+        max_length: int | None = None,
+        question: QuestionMode = "last_user",
+        device: Any = None,
+        dtype: Any = None,
+        name: str | None = None,
+    ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if question not in ("last_user", "conversation"):
@@ -94,7 +104,7 @@ class PairwiseRewardModel:
         if model is None or tokenizer is None:
             if model_name_or_path is None:
                 raise ValueError("pass model_name_or_path, or both model and tokenizer")
-            from rgpo_trl.hub_access import ensure_loadable
+            from rgpo_trl.rlhf.hub_access import ensure_loadable
 
             src = ensure_loadable(model_name_or_path, kind="model")
             if tokenizer is None:
@@ -103,21 +113,28 @@ class PairwiseRewardModel:
                 kw = {"dtype": dtype} if dtype is not None else {}
                 model = AutoModelForSequenceClassification.from_pretrained(src, **kw)
         if getattr(model.config, "num_labels", 1) != 1:
-            raise ValueError(f"expected a single-label reward model, got num_labels={model.config.num_labels}")
+            raise ValueError(
+                f"expected a single-label reward model, got num_labels={model.config.num_labels}"
+            )
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.question = question
         self.max_length = max_length or self._default_max_length()
-        src_name = os.fspath(model_name_or_path) if model_name_or_path is not None else getattr(
-            model.config, "_name_or_path", "") or type(model).__name__
+        src_name = (
+            os.fspath(model_name_or_path)
+            if model_name_or_path is not None
+            else getattr(model.config, "_name_or_path", "") or type(model).__name__
+        )
         self.__name__ = name or (os.path.basename(os.path.normpath(src_name)) or "pairwise_reward")
         if device is not None:
             self.to(device)
 
     def _default_max_length(self) -> int:
-        cands = [getattr(self.tokenizer, "model_max_length", None),
-                 getattr(self.model.config, "max_position_embeddings", None)]
+        cands = [
+            getattr(self.tokenizer, "model_max_length", None),
+            getattr(self.model.config, "max_position_embeddings", None),
+        ]
         cands = [int(c) for c in cands if c is not None and 0 < c < 1_000_000]
         return min(cands) if cands else 512
 
@@ -135,8 +152,14 @@ class PairwiseRewardModel:
 
     def encode(self, questions: Sequence[str], answers: Sequence[str]):
         """The exact tokenization used for scoring (and for training the tiny reward model)."""
-        return self.tokenizer(list(questions), list(answers), padding=True, truncation="longest_first",
-                              max_length=self.max_length, return_tensors="pt")
+        return self.tokenizer(
+            list(questions),
+            list(answers),
+            padding=True,
+            truncation="longest_first",
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
 
     def score_pairs(self, questions: Sequence[str], answers: Sequence[str]) -> list[float]:
         """Scores of ``(question, answer)`` text pairs."""
@@ -160,8 +183,10 @@ class PairwiseRewardModel:
         return self.score_pairs(questions, answers)
 
     def __repr__(self) -> str:
-        return (f"PairwiseRewardModel(name={self.__name__!r}, question={self.question!r}, "
-                f"max_length={self.max_length}, batch_size={self.batch_size}, device={self.device})")
+        return (
+            f"PairwiseRewardModel(name={self.__name__!r}, question={self.question!r}, "
+            f"max_length={self.max_length}, batch_size={self.batch_size}, device={self.device})"
+        )
 
 
 def load_pairwise_reward(model_name_or_path: str | os.PathLike, **kwargs: Any) -> PairwiseRewardModel:

@@ -1,0 +1,281 @@
+"""The RLHF methods the paper compares, each defined in one place, and the metrics the paper reports.
+
+A method (`RLHFMethod`) is a trainer class, its config class, the loss settings it applies over the shared
+preset, and the per-iteration metrics it adds. Everything else (data, reward, generation, batch, learning
+rate, ``num_iterations``) comes from the preset, so runs differ only in the policy loss. Built in:
+
+- ``rgpo``: `RGPOTrainer`, sigmoid gate (k = 5) on the dual ratio max(r_old, r_ref), adaptive KL-to-old,
+  fixed beta_ref = 0.05 (paper Eq. rgpo_rlhf).
+- ``rgpo_old``: the same with the gate on r_old alone (the paper's Eq. rgpo_rlhf gates max(r_old, r_ref),
+  its Sec. 7.3 text the ratio to pi_old; both are run).
+- ``grpo``: TRL's GRPO clipped loss (``loss_type="grpo"``), no reference penalty (beta = 0), as in the
+  paper's GRPO baseline ("no explicit reference anchor").
+- ``ppo_clip_kl``: PPO's clipped surrogate with a k3 KL-to-reference penalty (beta = 0.05), token-level, on
+  GRPO's group-relative advantages: the *stand-in* for the paper's PPO-RLHF (no value model).
+- ``sapo``: TRL's SAPO soft gate (``loss_type="sapo"``) with the same beta_ref = 0.05.
+
+More are added with `register_rlhf_method`. KL to the reference is the paper's primary RLHF stability
+metric, also for GRPO, which does not optimise it: `ReferenceKLMonitor` computes it the same way for every
+method from log-probabilities the trainer already has.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from ..core import clamp_log_ratio, kl_ref_estimate
+from ..trainer import RGPOConfig, RGPOTrainer
+
+
+class ReferenceKLMonitor:
+    """Mixin: logs ``kl_ref/monitor`` = mean k3 KL(pi_old || pi_ref) over the completion tokens of each
+    generation batch, for every method, with the reference log-probs TRL computes anyway.
+
+    TRL builds the reference model, and scores each generation batch under it, only when ``beta != 0``. A method
+    trained with beta = 0 (GRPO) is therefore built with ``monitor_beta`` and keeps beta = 0 for its loss; only
+    while a batch is generated and scored does it lend ``monitor_beta`` (`_scoring_reference`), and the
+    reference log-probs are dropped before the loss sees the batch: the loss is exactly GRPO's.
+    """
+
+    monitor_beta = 1.0
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        train_args = kwargs.get("args")
+        self._borrows_reference = train_args is not None and train_args.beta == 0.0
+        if self._borrows_reference:
+            train_args.beta = self.monitor_beta  # so that GRPOTrainer builds the reference model
+        super().__init__(*args, **kwargs)
+        if self._borrows_reference:
+            self.beta = self.args.beta = 0.0
+        self._warned_no_old = False
+
+    @contextmanager
+    def _scoring_reference(self) -> Iterator[None]:
+        if self._borrows_reference:
+            self.beta = self.monitor_beta
+        try:
+            yield
+        finally:
+            if self._borrows_reference:
+                self.beta = 0.0
+
+    def _generate_and_score_completions(self, inputs):
+        with self._scoring_reference():
+            output = super()._generate_and_score_completions(inputs)
+        ref, old = output.get("ref_per_token_logps"), output.get("old_per_token_logps")
+        mode = "train" if self.model.training else "eval"
+        if ref is not None and old is not None:
+            mask = output["completion_mask"].to(ref.dtype)
+            kl = kl_ref_estimate(clamp_log_ratio(old - ref))
+            totals = self.accelerator.reduce(torch.stack([(kl * mask).sum(), mask.sum()]), reduction="sum")
+            self._metrics[mode]["kl_ref/monitor"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+        elif not self._warned_no_old:
+            self._warned_no_old = True
+            print("[rgpo-trl] kl_ref/monitor needs num_iterations > 1 (pi_old log-probs); not logged.")
+        if self._borrows_reference:
+            output.pop("ref_per_token_logps", None)
+        return output
+
+
+# Columns of the per-iteration metrics file that every method has: name -> key logged by the trainer.
+BASE_METRICS = {
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "kl_ref": "kl_ref/monitor",
+    "gold": "rewards/gold/mean",
+    "completion_length": "completions/mean_length",
+}
+RGPO_METRICS = {
+    "kl_old": "rgpo/kl_old_iteration",
+    "kl_coef": "rgpo/kl_coef",
+    "gate_mean": "rgpo/gate_mean",
+    "rejected_frac": "rgpo/rejected_frac",
+    "ess": "rgpo/ess",
+}
+
+
+@dataclass(frozen=True)
+class RLHFMethod:
+    """A policy-loss method of the comparison: its trainer, its config class, the loss settings it applies over
+    the shared preset, and the metrics it adds to `BASE_METRICS`."""
+
+    name: str
+    trainer_class: type[GRPOTrainer]
+    config_class: type[GRPOConfig]
+    config: dict[str, Any]
+    metrics: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def metric_columns(self) -> dict[str, str]:
+        return {**BASE_METRICS, **self.metrics}
+
+
+RLHF_METHODS: dict[str, RLHFMethod] = {}
+
+
+def register_rlhf_method(method: RLHFMethod) -> RLHFMethod:
+    if method.name in RLHF_METHODS:
+        raise ValueError(f"an RLHF method named {method.name!r} is already registered")
+    RLHF_METHODS[method.name] = method
+    return method
+
+
+def get_rlhf_method(name: str) -> RLHFMethod:
+    if name not in RLHF_METHODS:
+        raise ValueError(f"method must be one of {list(RLHF_METHODS)}, got {name!r}")
+    return RLHF_METHODS[name]
+
+
+class RGPOMonitoredTrainer(ReferenceKLMonitor, RGPOTrainer):
+    pass
+
+
+class GRPOMonitoredTrainer(ReferenceKLMonitor, GRPOTrainer):
+    pass
+
+
+_RGPO = {"gate": "sigmoid", "gate_params": {"k": 5.0}, "beta": 0.05, "loss_type": "dapo"}
+register_rlhf_method(
+    RLHFMethod("rgpo", RGPOMonitoredTrainer, RGPOConfig, {**_RGPO, "ratio_mode": "dual"}, RGPO_METRICS)
+)
+register_rlhf_method(
+    RLHFMethod("rgpo_old", RGPOMonitoredTrainer, RGPOConfig, {**_RGPO, "ratio_mode": "old"}, RGPO_METRICS)
+)
+register_rlhf_method(
+    RLHFMethod("grpo", GRPOMonitoredTrainer, GRPOConfig, {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2})
+)
+register_rlhf_method(
+    RLHFMethod(
+        "ppo_clip_kl",
+        GRPOMonitoredTrainer,
+        GRPOConfig,
+        {"loss_type": "dapo", "beta": 0.05, "epsilon": 0.2, "use_bias_correction_kl": False},
+    )
+)
+register_rlhf_method(
+    RLHFMethod(
+        "sapo",
+        GRPOMonitoredTrainer,
+        GRPOConfig,
+        {"loss_type": "sapo", "beta": 0.05, "use_bias_correction_kl": False},
+    )
+)
+
+
+class IterationMetricsWriter(TrainerCallback):
+    """Writes one JSONL row per logged optimizer step (all of TRL's and RGPO's metrics, plus
+    ``iteration`` = generation-batch index) and, at the end, ``summary.json`` with the averages
+    over the evaluation window (the paper: iterations 300-400)."""
+
+    def __init__(
+        self,
+        output_dir: str,
+        steps_per_iteration: int,
+        window: tuple[int, int],
+        method: RLHFMethod,
+        world_size: int = 1,
+    ):
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.csv_path = os.path.join(output_dir, "metrics.csv")
+        self.summary_path = os.path.join(output_dir, "summary.json")
+        self.steps_per_iteration = steps_per_iteration
+        self.window = window
+        self.method = method
+        self.world_size = world_size
+        self.rows: list[dict[str, Any]] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            if os.path.exists(self.path) and state.global_step == 0:
+                os.remove(self.path)  # a fresh run; a resumed run (global_step > 0) appends
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "train_runtime" in logs:
+            return
+        row = {
+            "step": state.global_step,
+            "iteration": (state.global_step - 1) // self.steps_per_iteration + 1,
+        }
+        row.update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+        self.rows.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        rows = read_metrics(self.path)
+        write_csv(rows, self.csv_path)
+        summary = window_summary(rows, self.window, self.method.metric_columns)
+        summary.update(method=self.method.name, world_size=self.world_size)
+        with open(self.summary_path, "w") as f:
+            json.dump(summary, f, indent=2)
+        print(format_table(rows, summary, self.window, self.method.metric_columns))
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("step", "iteration"), k))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def window_summary(
+    rows: Sequence[dict[str, Any]], window: tuple[int, int], columns: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Averages of the paper's metrics over iterations ``window[0] < it <= window[1]``."""
+    lo, hi = window
+    in_window = [r for r in rows if lo < r["iteration"] <= hi]
+    summary: dict[str, Any] = {"window": [lo, hi], "rows_in_window": len(in_window)}
+    for name, key in (columns or {**BASE_METRICS, **RGPO_METRICS}).items():
+        summary[name] = _mean([r.get(key) for r in in_window])
+    return summary
+
+
+def format_table(
+    rows: Sequence[dict[str, Any]],
+    summary: dict[str, Any],
+    window: tuple[int, int],
+    columns: dict[str, str] | None = None,
+    every: int | None = None,
+) -> str:
+    """A text table of reward / KL_ref / KL_old per iteration and the window averages."""
+    by_iter: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_iter.setdefault(r["iteration"], []).append(r)
+    iters = sorted(by_iter)
+    every = every or max(1, len(iters) // 10)
+    columns = columns or {**BASE_METRICS, **RGPO_METRICS}
+    cols = [c for c in ("reward", "kl_ref", "kl_old", "kl_coef", "gate_mean", "gold") if c in columns]
+    lines = ["iteration " + "".join(f"{c:>11}" for c in cols)]
+    for it in iters[::every] + ([iters[-1]] if iters and iters[-1] not in iters[::every] else []):
+        vals = [_mean([r.get(columns[c]) for r in by_iter[it]]) for c in cols]
+        lines.append(f"{it:>9} " + "".join(f"{v:>11.4f}" for v in vals))
+    lines.append(
+        f"window {window[0]}-{window[1]}".ljust(10)
+        + "".join(f"{summary.get(c, float('nan')):>11.4f}" for c in cols)
+    )
+    return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""HH-format dialogues from the world, deterministic from a seed, with chosen/rejected pairs by gold score."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .world import (
+    _BANK,
+    _EVASIVE,
+    _FILLERS,
+    _FOLLOWUP_TEMPLATES,
+    _GREETINGS,
+    _POLITE_CLOSERS,
+    _POLITE_OPENERS,
+    _QUESTION_TEMPLATES,
+    _RUDE_OPENERS,
+    RESPONSE_KINDS,
+    gold_score,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Dialogue generator
+# --------------------------------------------------------------------------------------------
+def _items():
+    return [(topic, s, parts) for topic, items in _BANK.items() for s, parts in items]
+
+
+def _answer_body(parts, rng: random.Random, k: int | None = None) -> str:
+    clauses = [c for _, c in parts]
+    if k is not None:
+        clauses = rng.sample(clauses, k)
+    if len(clauses) == 1:
+        body = clauses[0]
+    else:
+        body = ", ".join(clauses[:-1]) + rng.choice([", and ", " and "]) + clauses[-1]
+    return body[0].upper() + body[1:] + "."
+
+
+def make_response(kind: str, topic: str, parts, rng: random.Random) -> str:
+    """One assistant response of a given kind to a question about ``(topic, parts)``."""
+    if kind == "good":
+        s = f"{rng.choice(_POLITE_OPENERS)} {_answer_body(parts, rng)}"
+        return s + (f" {rng.choice(_POLITE_CLOSERS)}" if rng.random() < 0.5 else "")
+    if kind == "terse":
+        return _answer_body(parts, rng)
+    if kind == "partial":
+        return f"{rng.choice(_POLITE_OPENERS)} {_answer_body(parts, rng, k=rng.choice([1, 2]))}"
+    if kind == "rude":
+        body = _answer_body(parts, rng)
+        return f"{rng.choice(_RUDE_OPENERS)} {body[0].lower() + body[1:]}"
+    if kind == "padded":
+        filler = rng.choice(_FILLERS)
+        reps = rng.randint(2, 4)
+        return f"{rng.choice(_POLITE_OPENERS)} {_answer_body(parts, rng)} " + " ".join([filler] * reps)
+    if kind == "wrong_item":
+        others = [p for t, _, p in _items() if t == topic and p is not parts]
+        return f"{rng.choice(_POLITE_OPENERS)} {_answer_body(rng.choice(others), rng)}"
+    if kind == "off_topic":
+        others = [p for t, _, p in _items() if t != topic]
+        return f"{rng.choice(_POLITE_OPENERS)} {_answer_body(rng.choice(others), rng)}"
+    if kind == "evasive":
+        return f"{rng.choice(_POLITE_OPENERS)} {rng.choice(_EVASIVE)}"
+    if kind == "rude_evasive":
+        return f"{rng.choice(_RUDE_OPENERS)} {rng.choice(_EVASIVE).lower()}"
+    raise ValueError(f"unknown response kind {kind!r}")
+
+
+def sample_kind(rng: random.Random) -> str:
+    kinds, weights = zip(*RESPONSE_KINDS.items(), strict=True)
+    return rng.choices(kinds, weights=weights)[0]
+
+
+def make_prompt(rng: random.Random) -> tuple[list[dict[str, str]], str, list]:
+    """A (possibly multi-turn) prompt; returns (messages, topic, parts of the final question)."""
+    items = _items()
+    topic, subject, parts = rng.choice(items)
+    msgs: list[dict[str, str]] = []
+    shape = rng.random()
+    if shape < 0.15:  # greeting first
+        h, a = rng.choice(_GREETINGS)
+        msgs += [{"role": "user", "content": h}, {"role": "assistant", "content": a}]
+    if shape >= 0.55:  # an earlier question (same topic 70%) with a good answer, then a follow-up
+        same = [it for it in items if it[0] == topic and it[1] != subject]
+        t0, s0, p0 = rng.choice(same) if rng.random() < 0.7 else rng.choice(items)
+        msgs += [
+            {"role": "user", "content": rng.choice(_QUESTION_TEMPLATES).format(s=s0)},
+            {"role": "assistant", "content": make_response("good", t0, p0, rng)},
+        ]
+        if shape >= 0.9 and s0 != subject:  # a third exchange
+            t1, s1, p1 = rng.choice(items)
+            msgs += [
+                {"role": "user", "content": rng.choice(_FOLLOWUP_TEMPLATES).format(s=s1)},
+                {"role": "assistant", "content": make_response("good", t1, p1, rng)},
+            ]
+        msgs.append({"role": "user", "content": rng.choice(_FOLLOWUP_TEMPLATES).format(s=subject)})
+    else:
+        msgs.append({"role": "user", "content": rng.choice(_QUESTION_TEMPLATES).format(s=subject)})
+    return msgs, topic, parts
+
+
+def generate_dialogues(n: int, seed: int, *, min_margin: float = 0.5) -> list[dict[str, Any]]:
+    """``n`` HH-format preference rows from ``seed`` (deterministic)."""
+    from rgpo_trl.rlhf.hh_data import render_hh_text
+
+    rng = random.Random(seed)
+    rows = []
+    while len(rows) < n:
+        msgs, topic, parts = make_prompt(rng)
+        k1, k2 = sample_kind(rng), sample_kind(rng)
+        r1, r2 = make_response(k1, topic, parts, rng), make_response(k2, topic, parts, rng)
+        g1, g2 = gold_score(msgs, r1), gold_score(msgs, r2)
+        if abs(g1 - g2) < min_margin:
+            continue
+        if g2 > g1:
+            (r1, g1, k1), (r2, g2, k2) = (r2, g2, k2), (r1, g1, k1)
+        prefix = render_hh_text(msgs, add_generation_prompt=False)
+        rows.append(
+            {
+                "chosen": f"{prefix}\n\nAssistant: {r1}",
+                "rejected": f"{prefix}\n\nAssistant: {r2}",
+                "chosen_gold": round(g1, 6),
+                "rejected_gold": round(g2, 6),
+                "chosen_kind": k1,
+                "rejected_kind": k2,
+                "topic": topic,
+            }
+        )
+    return rows
+
+
+def write_jsonl(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
