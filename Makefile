@@ -33,6 +33,7 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 
 clean:
 	rm -f $(STAMP)

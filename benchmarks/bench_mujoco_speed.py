@@ -265,7 +265,10 @@ def _microbench_width(width, ppo_mod, rgpo_mod, blocks, update_epochs=10):
 
     gate = rgpo_trl.make_gate(ra.gate, **ra.gate_params)
     kl_ctl = rgpo_trl.make_kl_controller(
-        ra.kl_controller, kl_coef=ra.kl_coef, kl_target=ra.kl_target, kl_coef_min=ra.kl_coef_min,
+        ra.kl_controller,
+        kl_coef=ra.kl_coef,
+        kl_target=ra.kl_target,
+        kl_coef_min=ra.kl_coef_min,
         kl_coef_max=ra.kl_coef_max,
     )
     policy_losses = {

@@ -6,7 +6,7 @@ Reads every ``<run>/config.json`` + ``metrics.csv`` (+ ``final.json``) under the
 groups runs by (env, method) and writes ``<out>.md`` / ``<out>.csv`` (one row per group) and
 ``<out>_curves.png`` (return, KL to pi_old and ESS per iteration, mean +- std over seeds).
 
-Columns (DESIGN.md Sec. 3 definitions, computed per seed, then mean +- std over seeds):
+Columns (metric definitions in mujoco_baselines/README.md, "Outputs and logs"; computed per seed, then mean +- std over seeds):
 - final return: mean of the last 100 episodes of a seed (``final.json``), mean +- std over seeds
 - KL mean: mean over iterations of the iteration KL (mean over mini-batches of mean(r - 1 - log r))
 - KL max: the largest iteration KL of any seed

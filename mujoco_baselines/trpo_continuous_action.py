@@ -619,7 +619,7 @@ def main(args: Args) -> dict:
                     f"non-finite loss at iteration {iteration} (TRPO surrogate): policy_loss={pg_loss.item()}; "
                     "stopping instead of training on garbage"
                 )
-            # KL to pi_old / ESS of the accepted step, per mini-batch (DESIGN.md definitions, w = r)
+            # KL to pi_old / ESS of the accepted step, per mini-batch (definitions in mujoco_baselines/README.md, w = r)
             stats = []
             with torch.no_grad():
                 logratio = agent.log_prob(agent.actor_mean(obs), actions) - b_logprobs

@@ -53,7 +53,9 @@ def _reference_g(name, params, r: np.ndarray) -> np.ndarray:
 def test_gate_value_matches_reference_formula(name, params):
     gate = make_gate(name, **params)
     r = _log_uniform_ratios()
-    np.testing.assert_allclose(gate.g(torch.log(r)).numpy(), _reference_g(name, params, r.numpy()), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        gate.g(torch.log(r)).numpy(), _reference_g(name, params, r.numpy()), rtol=1e-12, atol=1e-15
+    )
 
 
 @pytest.mark.parametrize("name,params", ALL_GATES)
@@ -63,7 +65,9 @@ def test_closed_form_weight_equals_autograd_derivative_times_r(name, params):
     r = _log_uniform_ratios().requires_grad_(True)
     (dg_dr,) = torch.autograd.grad(gate.g(torch.log(r)).sum(), r)
     expected = (dg_dr * r).detach()
-    np.testing.assert_allclose(gate.w(torch.log(r.detach())).numpy(), expected.numpy(), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(
+        gate.w(torch.log(r.detach())).numpy(), expected.numpy(), rtol=1e-10, atol=1e-14
+    )
 
 
 @pytest.mark.parametrize("name,params", ALL_GATES)
@@ -146,8 +150,16 @@ def test_extreme_log_ratios_stay_finite(name, params, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_clamp_log_ratio_is_a_straight_through_clamp(dtype):
     """Value: exactly the input inside +-LOG_RATIO_CLAMP, the bound (to 1 ulp) outside; gradient 1 everywhere."""
-    log_r = torch.cat([torch.randn(1900, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.05,
-                       torch.linspace(-40, 40, 100, dtype=torch.float64)]).to(dtype).requires_grad_(True)
+    log_r = (
+        torch.cat(
+            [
+                torch.randn(1900, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.05,
+                torch.linspace(-40, 40, 100, dtype=torch.float64),
+            ]
+        )
+        .to(dtype)
+        .requires_grad_(True)
+    )
     out = clamp_log_ratio(log_r)
     inside = log_r.detach().abs() <= LOG_RATIO_CLAMP
     assert (out.detach()[inside] == log_r.detach()[inside]).all()

@@ -38,20 +38,36 @@ def A(c):
 # Expected prompts of the 8 valid fixture rows, in file order, written by hand (independent of the parser).
 EXPECTED_PROMPTS = [
     [U("What are some good vegetables to grow in a small garden?")],
-    [U("How do I make a cup of tea?"), A("Boil water, pour it over a tea bag and steep for three minutes."),
-     U("How long should green tea steep?")],
-    [U("Hi there"), A("Hello! How can I help you today?"),
-     U("I need a name for my dog.\nShe is a small brown terrier."), A("How about Hazel: it suits a brown dog."),
-     U("Any other ideas?")],
+    [
+        U("How do I make a cup of tea?"),
+        A("Boil water, pour it over a tea bag and steep for three minutes."),
+        U("How long should green tea steep?"),
+    ],
+    [
+        U("Hi there"),
+        A("Hello! How can I help you today?"),
+        U("I need a name for my dog.\nShe is a small brown terrier."),
+        A("How about Hazel: it suits a brown dog."),
+        U("Any other ideas?"),
+    ],
     None,  # the long bicycle question, checked separately
     [U("What is the capital of France?")],
     [U("Why is the sky blue?")],
-    [U("Write a line of dialogue that starts with Human: hello"), A("Human: hello, is anyone home?"),
-     U("Now make it spookier.")],
+    [
+        U("Write a line of dialogue that starts with Human: hello"),
+        A("Human: hello, is anyone home?"),
+        U("Now make it spookier."),
+    ],
     [U("How many legs does a spider have?")],
 ]
-EXPECTED_MALFORMED = {"no_markers": 1, "wrong_order": 2, "empty_turn": 2, "no_final_assistant": 1,
-                      "not_a_string": 1, "text_before_first_marker": 1}
+EXPECTED_MALFORMED = {
+    "no_markers": 1,
+    "wrong_order": 2,
+    "empty_turn": 2,
+    "no_final_assistant": 1,
+    "not_a_string": 1,
+    "text_before_first_marker": 1,
+}
 
 
 def _load_fixture(**kw):
@@ -68,7 +84,9 @@ def test_fixture_turns_exact():
     for got, exp in zip(prompts, EXPECTED_PROMPTS, strict=True):
         if exp is not None:
             assert got == exp
-    assert prompts[3][0]["role"] == "user" and prompts[3][0]["content"].startswith("Can you explain in great detail")
+    assert prompts[3][0]["role"] == "user" and prompts[3][0]["content"].startswith(
+        "Can you explain in great detail"
+    )
     assert prompts[3][0]["content"].endswith("how a bicycle gear works?") and len(prompts[3]) == 1
 
 
@@ -82,8 +100,13 @@ def test_fixture_malformed_counted_exactly_with_one_warning():
 
 
 def test_python_rows_not_strings_never_crash():
-    rows = [{"chosen": 5}, {"chosen": ["\n\nHuman: a\n\nAssistant: b"]}, {"rejected": "x"}, "not a dict",
-            {"chosen": "\n\nHuman: hi\n\nAssistant: hello"}]
+    rows = [
+        {"chosen": 5},
+        {"chosen": ["\n\nHuman: a\n\nAssistant: b"]},
+        {"rejected": "x"},
+        "not a dict",
+        {"chosen": "\n\nHuman: hi\n\nAssistant: hello"},
+    ]
     with pytest.warns(UserWarning, match="4 malformed"):
         ds, stats = hh_rows_to_prompts(rows)
     assert stats.malformed_reasons == {"not_a_string": 4}
@@ -132,13 +155,17 @@ def test_length_filter_counts_against_manual_lengths():
     assert all("bicycle" not in p[0]["content"] for p in ds["prompt"])
     limit2 = sorted(manual)[3]  # strictly between: count must match the reference exactly
     _, stats2, _ = _load_fixture(tokenizer=tok, max_prompt_length=limit2)
-    assert stats2.too_long == sum(n > limit2 for n in manual) and stats2.kept == sum(n <= limit2 for n in manual)
+    assert stats2.too_long == sum(n > limit2 for n in manual) and stats2.kept == sum(
+        n <= limit2 for n in manual
+    )
 
 
 def test_local_directory_with_data_dir_and_split(tmp_path):
     (tmp_path / "helpful-base").mkdir()
-    rows = [{"chosen": f"\n\nHuman: q{i}\n\nAssistant: a{i}", "rejected": f"\n\nHuman: q{i}\n\nAssistant: no"}
-            for i in range(5)]
+    rows = [
+        {"chosen": f"\n\nHuman: q{i}\n\nAssistant: a{i}", "rejected": f"\n\nHuman: q{i}\n\nAssistant: no"}
+        for i in range(5)
+    ]
     for split, rs in (("train", rows[:3]), ("test", rows[3:])):
         with open(tmp_path / "helpful-base" / f"{split}.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rs)
@@ -160,7 +187,11 @@ def test_offline_uncached_dataset_id_fails_fast(monkeypatch):
         load_hh_helpful_prompts("rgpo-trl-test/definitely-not-cached-dataset")
     assert time.time() - t0 < 10
     msg = str(e.value)
-    assert "rgpo-trl-test/definitely-not-cached-dataset" in msg and "--preset tiny" in msg and "local path" in msg
+    assert (
+        "rgpo-trl-test/definitely-not-cached-dataset" in msg
+        and "--preset tiny" in msg
+        and "local path" in msg
+    )
 
 
 def test_offline_env_in_fresh_process_no_hang():
@@ -170,11 +201,18 @@ def test_offline_env_in_fresh_process_no_hang():
         "try:\n    ensure_loadable('Qwen/Qwen2.5-1.5B-Instruct', kind='model')\n"
         "except HubUnavailableError as e:\n    print('ERR:', e)\n"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT), "HF_HOME": "/nonexistent-rgpo-hf-home"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_HOME": "/nonexistent-rgpo-hf-home",
+    }
     t0 = time.time()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "ERR:" in out.stdout and "Qwen/Qwen2.5-1.5B-Instruct" in out.stdout and "--preset tiny" in out.stdout
+    assert (
+        "ERR:" in out.stdout and "Qwen/Qwen2.5-1.5B-Instruct" in out.stdout and "--preset tiny" in out.stdout
+    )
     assert time.time() - t0 < 60
 
 

@@ -16,10 +16,50 @@ def _reference_rule(beta, kl, target=0.02, lo=0.01, hi=5.0):
 def test_scripted_kl_sequence_follows_rule_and_bounds():
     ctl = AdaptiveKLController(kl_coef=0.5, kl_target=0.02, kl_coef_min=0.01, kl_coef_max=5.0)
     # high KL: 0.5 -> 1 -> 2 -> 4 -> 5 (capped) -> 5; in band: unchanged; low KL: halves to 0.01 floor
-    script = [0.03, 0.05, 0.1, 1.0, 0.2, 0.02, 0.0134, 0.029, 0.0133, 0.001, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-              0.0, 0.0, 0.0, 0.0]
-    expected = [1.0, 2.0, 4.0, 5.0, 5.0, 5.0, 5.0, 5.0, 2.5, 1.25, 0.625, 0.3125, 0.15625, 0.078125,
-                0.0390625, 0.01953125, 0.01, 0.01, 0.01, 0.01]
+    script = [
+        0.03,
+        0.05,
+        0.1,
+        1.0,
+        0.2,
+        0.02,
+        0.0134,
+        0.029,
+        0.0133,
+        0.001,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
+    expected = [
+        1.0,
+        2.0,
+        4.0,
+        5.0,
+        5.0,
+        5.0,
+        5.0,
+        5.0,
+        2.5,
+        1.25,
+        0.625,
+        0.3125,
+        0.15625,
+        0.078125,
+        0.0390625,
+        0.01953125,
+        0.01,
+        0.01,
+        0.01,
+        0.01,
+    ]
     beta = 0.5
     for kl, exp in zip(script, expected, strict=True):
         beta_ref = _reference_rule(beta, kl)

@@ -23,8 +23,14 @@ def _float64_default():
     yield
     torch.set_default_dtype(previous)
 
-GATE_SPECS = [("sigmoid", {}), ("clipped_linear", {}), ("temperature", {"temperature": 2.0}), ("is", {}),
-              ("ppo_clip", {})]
+
+GATE_SPECS = [
+    ("sigmoid", {}),
+    ("clipped_linear", {}),
+    ("temperature", {"temperature": 2.0}),
+    ("is", {}),
+    ("ppo_clip", {}),
+]
 
 
 class GaussianPolicy(nn.Module):
@@ -68,14 +74,20 @@ def _batch(kind, n=32, seed=1):
 
 def _flat_grad(scalar, params):
     grads = torch.autograd.grad(scalar, params, allow_unused=True, retain_graph=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params, strict=True)])
+    return torch.cat(
+        [
+            (g if g is not None else torch.zeros_like(p)).reshape(-1)
+            for g, p in zip(grads, params, strict=True)
+        ]
+    )
 
 
 def _per_sample_score(policy, obs, act):
     """grad log pi(a_i|s_i) for each sample, by a loop of autograd calls (the independent reference)."""
     params = list(policy.parameters())
-    return torch.stack([_flat_grad(policy.log_prob(obs[i : i + 1], act[i : i + 1]).sum(), params)
-                        for i in range(len(obs))])
+    return torch.stack(
+        [_flat_grad(policy.log_prob(obs[i : i + 1], act[i : i + 1]).sum(), params) for i in range(len(obs))]
+    )
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "categorical"])
@@ -95,15 +107,18 @@ def test_policy_gradient_equals_weighted_score_function(kind, name, params):
     assert diag["weight_mean"].item() == pytest.approx(w.mean().item(), rel=1e-6)
     assert diag["weight_sq_mean"].item() == pytest.approx((w * w).mean().item(), rel=1e-6)
     # ESS = (sum w)^2 / (N sum w^2) = mean(w)^2 / mean(w^2): what the trainer reduces across processes
-    assert diag["ess"].item() == pytest.approx(w.sum().item() ** 2 / (len(w) * (w * w).sum().item()), rel=1e-6)
+    assert diag["ess"].item() == pytest.approx(
+        w.sum().item() ** 2 / (len(w) * (w * w).sum().item()), rel=1e-6
+    )
     assert diag["ess"].item() == pytest.approx(w.mean().item() ** 2 / (w * w).mean().item(), rel=1e-6)
     ratios = torch.exp(logps - old_logps).detach()
     assert ratios.min() < 0.7 and ratios.max() > 1.4, "the test batch must exercise r far from 1"
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "categorical"])
-@pytest.mark.parametrize("name,params", [("sigmoid", {}), ("sigmoid", {"k": 2.0}), ("temperature", {}),
-                                         ("clipped_linear", {})])
+@pytest.mark.parametrize(
+    "name,params", [("sigmoid", {}), ("sigmoid", {"k": 2.0}), ("temperature", {}), ("clipped_linear", {})]
+)
 def test_on_policy_gradient_is_g_prime_one_times_reinforce(kind, name, params):
     policy, obs, act, _, adv = _batch(kind)
     gate = make_gate(name, **params)
@@ -157,7 +172,9 @@ def test_dual_mode_gates_on_the_larger_ratio():
     assert diag["ref_ratio_larger_frac"].item() == pytest.approx(0.5)  # tokens 0 and 1
     assert diag["ratio_ref_max"].item() == pytest.approx(float(torch.exp(torch.tensor(0.5))))
     # ref and old modes pick their own ratio
-    torch.testing.assert_close(log_ratios(logps, old, ref, ratio_mode="ref")[2].detach(), (logps - ref).detach())
+    torch.testing.assert_close(
+        log_ratios(logps, old, ref, ratio_mode="ref")[2].detach(), (logps - ref).detach()
+    )
     torch.testing.assert_close(log_ratios(logps, old, ratio_mode="old")[2].detach(), (logps - old).detach())
 
 
@@ -169,8 +186,9 @@ def test_masked_per_token_loss_and_normalizer():
     adv = torch.randn(3, 1, generator=gen)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float64)
     gate = make_gate("sigmoid")
-    loss, diag = rgpo_loss(logps, old, adv, gate, kl_coef=0.3, ref_logps=ref, ref_kl_coef=0.05,
-                           ratio_mode="dual", mask=mask)
+    loss, diag = rgpo_loss(
+        logps, old, adv, gate, kl_coef=0.3, ref_logps=ref, ref_kl_coef=0.05, ratio_mode="dual", mask=mask
+    )
     # reference: flatten the valid tokens only
     sel = mask.bool()
     lp, o, rf = logps[sel], old[sel], ref[sel]
@@ -180,12 +198,24 @@ def test_masked_per_token_loss_and_normalizer():
     k3 = torch.exp(rf - lp) - (rf - lp) - 1
     ref_loss = (-(torch.sigmoid(5 * (r - 1)) * a) + 0.3 * (r_old - 1 - torch.log(r_old)) + 0.05 * k3).mean()
     torch.testing.assert_close(loss, ref_loss)
-    loss_sum, _ = rgpo_loss(logps, old, adv, gate, kl_coef=0.3, ref_logps=ref, ref_kl_coef=0.05,
-                            ratio_mode="dual", mask=mask, normalizer=1.0)
+    loss_sum, _ = rgpo_loss(
+        logps,
+        old,
+        adv,
+        gate,
+        kl_coef=0.3,
+        ref_logps=ref,
+        ref_kl_coef=0.05,
+        ratio_mode="dual",
+        mask=mask,
+        normalizer=1.0,
+    )
     torch.testing.assert_close(loss_sum, ref_loss * sel.sum())
     assert diag["kl_ref"].item() == pytest.approx(k3.mean().item(), rel=1e-6)
     assert diag["ratio_old_max"].item() == pytest.approx(r_old.max().item(), rel=1e-6)
-    assert diag["rejected_frac"].item() == pytest.approx((torch.sigmoid(5 * (r - 1)) < 0.1).double().mean().item())
+    assert diag["rejected_frac"].item() == pytest.approx(
+        (torch.sigmoid(5 * (r - 1)) < 0.1).double().mean().item()
+    )
 
 
 @pytest.mark.parametrize("name,params", GATE_SPECS)
@@ -196,8 +226,16 @@ def test_loss_and_gradient_finite_for_log_ratios_of_100(name, params, mode, dtyp
     old = torch.tensor([100.0, -100.0, 0.5, -0.5], dtype=dtype)
     ref = torch.tensor([-100.0, 100.0, -100.0, 100.0], dtype=dtype)
     adv = torch.tensor([1.0, -1.0, 2.0, -2.0], dtype=dtype)
-    loss, diag = rgpo_loss(logps, old, adv, make_gate(name, **params), kl_coef=5.0, ref_logps=ref,
-                           ref_kl_coef=0.05, ratio_mode=mode)
+    loss, diag = rgpo_loss(
+        logps,
+        old,
+        adv,
+        make_gate(name, **params),
+        kl_coef=5.0,
+        ref_logps=ref,
+        ref_kl_coef=0.05,
+        ratio_mode=mode,
+    )
     (grad,) = torch.autograd.grad(loss, logps)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     assert all(torch.isfinite(v) for v in diag.values())
@@ -224,7 +262,9 @@ def test_effective_sample_size_identities():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert effective_sample_size(w, mask).item() == pytest.approx(36 / (3 * 14))
     # per row: [1, 2] -> 9 / (2 * 5); [3] -> 1; a row of zeros -> 0
-    rows = effective_sample_size(torch.cat([w, torch.zeros(1, 3)]), torch.cat([mask, torch.ones(1, 3)]), dim=-1)
+    rows = effective_sample_size(
+        torch.cat([w, torch.zeros(1, 3)]), torch.cat([mask, torch.ones(1, 3)]), dim=-1
+    )
     torch.testing.assert_close(rows.double(), torch.tensor([0.9, 1.0, 0.0]))
     torch.testing.assert_close(effective_sample_size(w, dim=1).double(), torch.tensor([144 / 258, 441 / 513]))
 
@@ -274,8 +314,15 @@ def test_diagnostics_per_row_equal_the_losss_per_call(name, params, masked):
     kw = dict(ref_logps=ref, ratio_mode="dual")
     rows = rgpo_diagnostics(logps, old, gate, mask=mask, dim=-1, **kw)
     for i in range(4):
-        _, diag = rgpo_loss(logps[i], old[i], torch.ones(6), gate, mask=None if mask is None else mask[i],
-                            ref_logps=ref[i], ratio_mode="dual")
+        _, diag = rgpo_loss(
+            logps[i],
+            old[i],
+            torch.ones(6),
+            gate,
+            mask=None if mask is None else mask[i],
+            ref_logps=ref[i],
+            ratio_mode="dual",
+        )
         assert set(rows) == set(diag)
         for key in diag:
             torch.testing.assert_close(rows[key][i], diag[key], msg=key)
@@ -286,8 +333,14 @@ def test_diagnostics_per_row_equal_the_losss_per_call(name, params, masked):
     for key, value in rgpo_diagnostics(logps, old, gate, mask=mask, **kw).items():
         torch.testing.assert_close(value, whole[key], msg=key)
     cols = rgpo_diagnostics(logps, old, gate, mask=mask, dim=0, **kw)
-    _, col1 = rgpo_loss(logps[:, 1], old[:, 1], torch.ones(4), gate, mask=None if mask is None else mask[:, 1],
-                        **{k: v[:, 1] if torch.is_tensor(v) else v for k, v in kw.items()})
+    _, col1 = rgpo_loss(
+        logps[:, 1],
+        old[:, 1],
+        torch.ones(4),
+        gate,
+        mask=None if mask is None else mask[:, 1],
+        **{k: v[:, 1] if torch.is_tensor(v) else v for k, v in kw.items()},
+    )
     torch.testing.assert_close(cols["ess"][1], col1["ess"])
     assert cols["kl_old"].shape == (6,)
 
@@ -298,7 +351,11 @@ def test_loss_without_diagnostics_is_the_same_loss_and_gradient(name, params, se
     """diagnostics=False (and its shortcut for ratio_mode "old" without a reference) gives the same
     loss and gradient as the full path, including log-ratios beyond the clamp."""
     gen = torch.Generator().manual_seed(2)
-    old, ref, adv = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen), torch.randn(3, 1, generator=gen)
+    old, ref, adv = (
+        torch.randn(3, 5, generator=gen),
+        torch.randn(3, 5, generator=gen),
+        torch.randn(3, 1, generator=gen),
+    )
     delta = 0.3 * torch.randn(3, 5, generator=gen)
     delta[1, 2], delta[2, 4] = 30.0, -30.0  # outside +-LOG_RATIO_CLAMP: straight-through gradient
     mask = torch.ones(3, 5)
@@ -309,8 +366,14 @@ def test_loss_without_diagnostics_is_the_same_loss_and_gradient(name, params, se
     results = []
     for diagnostics in (True, False):
         logps = (old + delta).requires_grad_(True)
-        loss, diag = rgpo_loss(logps, None if setting == "on_policy" else old, adv, make_gate(name, **params),
-                               diagnostics=diagnostics, **kw)
+        loss, diag = rgpo_loss(
+            logps,
+            None if setting == "on_policy" else old,
+            adv,
+            make_gate(name, **params),
+            diagnostics=diagnostics,
+            **kw,
+        )
         loss.backward()
         results.append((loss.detach(), logps.grad))
         assert bool(diag) == diagnostics

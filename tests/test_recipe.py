@@ -58,16 +58,28 @@ def test_paper_preset_resolves_to_the_papers_hyperparameters(tmp_path):
 
 @pytest.mark.parametrize(
     "method,loss_type,beta,config",
-    [("grpo", "grpo", 0.0, "GRPOConfig"), ("ppo_clip_kl", "dapo", 0.05, "GRPOConfig"),
-     ("sapo", "sapo", 0.05, "GRPOConfig"), ("rgpo", "dapo", 0.05, "RGPOConfig")],
+    [
+        ("grpo", "grpo", 0.0, "GRPOConfig"),
+        ("ppo_clip_kl", "dapo", 0.05, "GRPOConfig"),
+        ("sapo", "sapo", 0.05, "GRPOConfig"),
+        ("rgpo", "dapo", 0.05, "RGPOConfig"),
+    ],
 )
 def test_methods_share_everything_but_the_loss(tmp_path, method, loss_type, beta, config):
     _, train, _ = _parse_paper(tmp_path, "--method", method)
     _, rgpo, _ = _parse_paper(tmp_path)
     assert type(train).__name__ == config
     assert train.loss_type == loss_type and train.beta == beta
-    for name in ("learning_rate", "per_device_train_batch_size", "num_generations", "max_completion_length",
-                 "num_iterations", "temperature", "bf16", "seed"):
+    for name in (
+        "learning_rate",
+        "per_device_train_batch_size",
+        "num_generations",
+        "max_completion_length",
+        "num_iterations",
+        "temperature",
+        "bf16",
+        "seed",
+    ):
         assert getattr(train, name) == getattr(rgpo, name), name
 
 
@@ -75,7 +87,16 @@ def test_cli_and_yaml_override_the_preset(tmp_path):
     cfg = tmp_path / "cfg.yaml"  # a user's config: the paper preset with two changes
     preset = yaml.safe_load((ROOT / "recipes" / "configs" / "hh_rlhf_paper.yaml").read_text())
     cfg.write_text(yaml.safe_dump({**preset, "learning_rate": 5e-7, "gate_params": {"k": 3.0}}))
-    argv = ["--config", str(cfg), "--gate_params", '{"k": 4}', "--use_cpu", "true", "--output_dir", str(tmp_path)]
+    argv = [
+        "--config",
+        str(cfg),
+        "--gate_params",
+        '{"k": 4}',
+        "--use_cpu",
+        "true",
+        "--output_dir",
+        str(tmp_path),
+    ]
     script, train, _ = recipe.parse_args(argv, check_hub=False)
     assert script.preset == "paper" and train.learning_rate == 5e-7 and train.make_gate().k == 4.0
     assert train.max_completion_length == 256  # the rest of the preset is kept
@@ -108,7 +129,10 @@ def test_hub_id_offline_fails_before_training_with_actionable_message(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     proc = subprocess.run(
         [sys.executable, str(RECIPE), "--preset", "paper", "--output_dir", str(tmp_path / "out")],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode != 0
     assert "Qwen/Qwen2.5-1.5B-Instruct" in proc.stderr and "--preset tiny" in proc.stderr
@@ -117,10 +141,26 @@ def test_hub_id_offline_fails_before_training_with_actionable_message(tmp_path):
 
 def _tiny_argv(assets, out, method, iterations=2, extra=()):
     """The tiny preset on exactly the fixture's assets (same cache root, quick variant)."""
-    return ["--preset", "tiny", "--tiny_quick", "--cache_dir", str(assets_cache_root(assets)),
-            "--method", method, "--output_dir", str(out),
-            "--num_rl_iterations", str(iterations), "--max_completion_length", "8", "--disable_tqdm", "true",
-            "--save_strategy", "no", *extra]
+    return [
+        "--preset",
+        "tiny",
+        "--tiny_quick",
+        "--cache_dir",
+        str(assets_cache_root(assets)),
+        "--method",
+        method,
+        "--output_dir",
+        str(out),
+        "--num_rl_iterations",
+        str(iterations),
+        "--max_completion_length",
+        "8",
+        "--disable_tqdm",
+        "true",
+        "--save_strategy",
+        "no",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("method", ["rgpo", "grpo", "ppo_clip_kl", "sapo"])
@@ -163,8 +203,17 @@ def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
 
 
 def _launch_two_processes(config: str, out: Path, quick_assets) -> dict:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config),
-           "--num_processes", "2", str(RECIPE), *_tiny_argv(quick_assets, out, "rgpo")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIGS / config),
+        "--num_processes",
+        "2",
+        str(RECIPE),
+        *_tiny_argv(quick_assets, out, "rgpo"),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -172,7 +221,9 @@ def _launch_two_processes(config: str, out: Path, quick_assets) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["cpu_ddp_2proc.yaml", "cpu_deepspeed_zero2.yaml", "cpu_deepspeed_zero3.yaml"])
+@pytest.mark.parametrize(
+    "config", ["cpu_ddp_2proc.yaml", "cpu_deepspeed_zero2.yaml", "cpu_deepspeed_zero3.yaml"]
+)
 def test_two_process_runs_on_cpu(tmp_path, quick_assets, config):
     summary = _launch_two_processes(config, tmp_path, quick_assets)
     assert summary["world_size"] == 2

@@ -12,14 +12,30 @@ from rgpo_trl.rlhf.rewards import PairwiseRewardModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-QUESTIONS = ["How do I boil an egg?", "What is the best way to prune roses?", "Any tips to save money?",
-             "How do I learn guitar?", "Why is the sky blue?", "Can you help me pack a suitcase?",
-             "How do I back up my files?", "What should I do to start running?", "Tell me a joke.",
-             "How do I cook pasta?"]
-ANSWERS = ["Put the egg in boiling water for nine minutes.", "Whatever.", "Make a monthly budget and track it.",
-           "Learn a few basic chords and play slowly.", "Sunlight scatters.", "Roll your clothes, really.",
-           "Copy them to an external drive on a schedule. " * 3, "Mix short runs with walking.", "No.",
-           "Use plenty of salted water and taste a piece."]
+QUESTIONS = [
+    "How do I boil an egg?",
+    "What is the best way to prune roses?",
+    "Any tips to save money?",
+    "How do I learn guitar?",
+    "Why is the sky blue?",
+    "Can you help me pack a suitcase?",
+    "How do I back up my files?",
+    "What should I do to start running?",
+    "Tell me a joke.",
+    "How do I cook pasta?",
+]
+ANSWERS = [
+    "Put the egg in boiling water for nine minutes.",
+    "Whatever.",
+    "Make a monthly budget and track it.",
+    "Learn a few basic chords and play slowly.",
+    "Sunlight scatters.",
+    "Roll your clothes, really.",
+    "Copy them to an external drive on a schedule. " * 3,
+    "Mix short runs with walking.",
+    "No.",
+    "Use plenty of salted water and taste a piece.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +49,25 @@ def tiny_rm_dir(tmp_path_factory):
     bpe = train_bpe(QUESTIONS + ANSWERS, vocab_size=300)
     tok = make_rm_tokenizer(bpe, max_length=128)
     torch.manual_seed(0)
-    cfg = DebertaV2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=64, max_position_embeddings=128, type_vocab_size=2,
-                          relative_attention=True, position_buckets=16, pos_att_type=["p2c", "c2p"],
-                          position_biased_input=True, pooler_hidden_size=32, num_labels=1,
-                          pad_token_id=tok.pad_token_id, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                          initializer_range=0.5)
+    cfg = DebertaV2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        type_vocab_size=2,
+        relative_attention=True,
+        position_buckets=16,
+        pos_att_type=["p2c", "c2p"],
+        position_biased_input=True,
+        pooler_hidden_size=32,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        initializer_range=0.5,
+    )
     model = DebertaV2ForSequenceClassification(cfg)
     with torch.no_grad():  # make segment embeddings matter
         model.deberta.embeddings.token_type_embeddings.weight.normal_(0, 1.0)
@@ -68,8 +97,14 @@ def test_scores_match_manual_pair_encoding(tiny_rm_dir):
     rm = PairwiseRewardModel(str(tiny_rm_dir), batch_size=4)
     assert not rm.model.training  # dropout off
     # conversational prompts (multi-turn: the question is the last user turn) + conversational completions
-    prompts = [[{"role": "user", "content": "earlier question"}, {"role": "assistant", "content": "earlier answer"},
-                {"role": "user", "content": q}] for q in QUESTIONS]
+    prompts = [
+        [
+            {"role": "user", "content": "earlier question"},
+            {"role": "assistant", "content": "earlier answer"},
+            {"role": "user", "content": q},
+        ]
+        for q in QUESTIONS
+    ]
     completions = [[{"role": "assistant", "content": a}] for a in ANSWERS]
     got = rm(prompts=prompts, completions=completions, completion_ids=None, trainer_state=None)
     ref = manual_scores(tiny_rm_dir, QUESTIONS, [a.strip() for a in ANSWERS])
@@ -111,10 +146,15 @@ def test_truncation_of_overlong_answer(tiny_rm_dir):
 
 def test_conversation_question_mode(tiny_rm_dir):
     rm = PairwiseRewardModel(str(tiny_rm_dir), question="conversation")
-    prompt = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-              {"role": "user", "content": QUESTIONS[0]}]
+    prompt = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": QUESTIONS[0]},
+    ]
     got = rm([prompt], [ANSWERS[0]])
-    ref = manual_scores(tiny_rm_dir, [f"Human: Hi\n\nAssistant: Hello!\n\nHuman: {QUESTIONS[0]}"], [ANSWERS[0]])
+    ref = manual_scores(
+        tiny_rm_dir, [f"Human: Hi\n\nAssistant: Hello!\n\nHuman: {QUESTIONS[0]}"], [ANSWERS[0]]
+    )
     torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-3, atol=1e-4)
     # raw HH string prompt with a trailing generation marker renders the same question
     raw = f"\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: {QUESTIONS[0]}\n\nAssistant:"
@@ -139,8 +179,12 @@ def test_preloaded_objects_and_validation(tiny_rm_dir):
     model = AutoModelForSequenceClassification.from_pretrained(tiny_rm_dir)
     tok = AutoTokenizer.from_pretrained(tiny_rm_dir)
     rm = PairwiseRewardModel(model=model, tokenizer=tok, batch_size=3)
-    torch.testing.assert_close(torch.tensor(rm(QUESTIONS, ANSWERS)),
-                               torch.tensor(manual_scores(tiny_rm_dir, QUESTIONS, ANSWERS)), rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(
+        torch.tensor(rm(QUESTIONS, ANSWERS)),
+        torch.tensor(manual_scores(tiny_rm_dir, QUESTIONS, ANSWERS)),
+        rtol=1e-3,
+        atol=1e-4,
+    )
     with pytest.raises(ValueError):
         PairwiseRewardModel(str(tiny_rm_dir), question="everything")
     with pytest.raises(ValueError):
@@ -153,4 +197,6 @@ def test_offline_uncached_model_id_fails_fast(monkeypatch):
     with pytest.raises(HubUnavailableError) as e:
         PairwiseRewardModel("OpenAssistant/reward-model-deberta-v3-large-v2")
     assert time.time() - t0 < 10
-    assert "OpenAssistant/reward-model-deberta-v3-large-v2" in str(e.value) and "--preset tiny" in str(e.value)
+    assert "OpenAssistant/reward-model-deberta-v3-large-v2" in str(e.value) and "--preset tiny" in str(
+        e.value
+    )

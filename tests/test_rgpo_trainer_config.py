@@ -79,8 +79,14 @@ def test_make_gate_uses_gate_params(tmp_path, gate, gate_params, params):
     ("kwargs", "field"),
     [
         ({"gate": "tanh"}, "gate"),
-        ({"gate_params": {"k": 0.0}}, r"gate_params: gate 'sigmoid': k must be a finite number in \(0, inf\)"),
-        ({"gate": "clipped_linear", "gate_params": {"c": -1.0}}, r"gate_params: .* c must be .* in \(0, inf\)"),
+        (
+            {"gate_params": {"k": 0.0}},
+            r"gate_params: gate 'sigmoid': k must be a finite number in \(0, inf\)",
+        ),
+        (
+            {"gate": "clipped_linear", "gate_params": {"c": -1.0}},
+            r"gate_params: .* c must be .* in \(0, inf\)",
+        ),
         ({"gate": "temperature", "gate_params": {"temperature": float("nan")}}, "gate_params: .*temperature"),
         ({"gate": "ppo_clip", "gate_params": {"eps": 1.5}}, r"gate_params: .*eps must be .* in \(0, 1\)"),
         ({"gate": "is", "gate_params": {"k": 5.0}}, r"gate_params: gate 'is' accepts parameters \[\]"),
@@ -141,7 +147,12 @@ def test_command_line_parsing(tmp_path):
             "true",
         ]
     )
-    assert (config.ratio_mode, config.gate_params, config.kl_target, config.beta) == ("old", {"k": 3}, 0.05, 0.05)
+    assert (config.ratio_mode, config.gate_params, config.kl_target, config.beta) == (
+        "old",
+        {"k": 3},
+        0.05,
+        0.05,
+    )
     assert config.make_gate().k == 3.0 and config.make_kl_controller().name == "fixed"
     with pytest.raises(SystemExit):  # argparse `choices` from the field metadata
         HfArgumentParser(RGPOConfig).parse_args_into_dataclasses(

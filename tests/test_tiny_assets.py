@@ -36,13 +36,23 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # ------------------------------------------------------------------ gold rule (hand-computed references)
 def test_gold_rule_components_by_hand():
     q = [{"role": "user", "content": "How do I boil an egg?"}]
-    ideal = "Sure! Put the egg in boiling water, leave it for about nine minutes, and then cool it in cold water."
-    assert gold_components(q, ideal) == {"answers": 1.0, "on_topic": 1.0, "polite": 1.0, "rude": 0.0,
-                                         "repetition": 0.0, "length_penalty": 0.0}
+    ideal = (
+        "Sure! Put the egg in boiling water, leave it for about nine minutes, and then cool it in cold water."
+    )
+    assert gold_components(q, ideal) == {
+        "answers": 1.0,
+        "on_topic": 1.0,
+        "polite": 1.0,
+        "rude": 0.0,
+        "repetition": 0.0,
+        "length_penalty": 0.0,
+    }
     assert gold_score(q, ideal) == pytest.approx(3.5)
     # terse: no politeness -> 3.0 ; rude: 2 + 1 - 1.5 * 2 ("ugh", "obviously") = 0.0
     assert gold_score(q, "Put the egg in boiling water for nine minutes, then cool it in cold water.") == 3.0
-    assert gold_score(q, "Ugh, obviously put it in boiling water for minutes, then cold water.") == pytest.approx(0.0)
+    assert gold_score(
+        q, "Ugh, obviously put it in boiling water for minutes, then cold water."
+    ) == pytest.approx(0.0)
     # partial (1 of 3 key words) + polite: 2/3 + 1 + 0.5
     assert gold_score(q, "Sure! Use boiling water.") == pytest.approx(2 / 3 + 1.5)
     # off topic: key words of another topic only -> on_topic 0, answers 0
@@ -54,7 +64,9 @@ def test_gold_rule_components_by_hand():
     assert gold_components(q, " ".join(["word"] * 60))["length_penalty"] == pytest.approx(0.5)
     # prompt formats: raw HH string, plain question, conversational completion
     assert gold_score("\n\nHuman: How do I boil an egg?\n\nAssistant:", ideal) == pytest.approx(3.5)
-    assert gold_score("How do I boil an egg?", [{"role": "assistant", "content": ideal}]) == pytest.approx(3.5)
+    assert gold_score("How do I boil an egg?", [{"role": "assistant", "content": ideal}]) == pytest.approx(
+        3.5
+    )
     assert gold_score([{"role": "user", "content": "Unknown question?"}], ideal) == pytest.approx(0.5)
 
 
@@ -86,7 +98,9 @@ def test_dialogues_deterministic_and_well_formed(tmp_path):
         assert r["chosen_gold"] - r["rejected_gold"] >= 0.5
     assert 0.2 < n_multi / len(rows) < 0.7  # multi-turn included
     assert len({r["topic"] for r in rows}) == 8
-    assert len({r["chosen_kind"] for r in rows} | {r["rejected_kind"] for r in rows}) == len(tiny_hh.RESPONSE_KINDS)
+    assert len({r["chosen_kind"] for r in rows} | {r["rejected_kind"] for r in rows}) == len(
+        tiny_hh.RESPONSE_KINDS
+    )
 
 
 def test_cache_location_and_versioning(monkeypatch, tmp_path):
@@ -126,9 +140,12 @@ def test_hh_loader_reads_tiny_data(quick_assets):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir)
-    ds, stats = load_hh_helpful_prompts(str(quick_assets.data_dir), split="test", tokenizer=tok,
-                                        max_prompt_length=1024)
-    assert stats.malformed == 0 and stats.too_long == 0 and stats.kept == quick_assets.build_info["n_test_rows"]
+    ds, stats = load_hh_helpful_prompts(
+        str(quick_assets.data_dir), split="test", tokenizer=tok, max_prompt_length=1024
+    )
+    assert (
+        stats.malformed == 0 and stats.too_long == 0 and stats.kept == quick_assets.build_info["n_test_rows"]
+    )
     first = json.loads(quick_assets.test_file.read_text().splitlines()[0])
     assert ds[0]["prompt"] == hh_text_to_prompt(first["chosen"])
 
@@ -146,8 +163,10 @@ def test_reward_model_reload_and_heldout_accuracy(quick_assets):
         for r in rows:
             ch, rj = parse_hh_dialogue(r["chosen"]), parse_hh_dialogue(r["rejected"])
             q = ch[-2]["content"]
-            s = [model(**tok(q, a["content"], return_tensors="pt", truncation=True)).logits[0, 0].item()
-                 for a in (ch[-1], rj[-1])]
+            s = [
+                model(**tok(q, a["content"], return_tensors="pt", truncation=True)).logits[0, 0].item()
+                for a in (ch[-1], rj[-1])
+            ]
             correct += s[0] > s[1]
     acc = correct / len(rows)
     assert acc >= 0.7, acc  # chance is 0.5
@@ -169,7 +188,11 @@ def test_policy_generates_with_chat_template(quick_assets):
     tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir)
     model = AutoModelForCausalLM.from_pretrained(quick_assets.policy_dir).eval()
     assert type(model).__name__ == "Qwen2ForCausalLM"
-    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id
+    assert (
+        tok.eos_token == "<|im_end|>"
+        and tok.pad_token == "<|endoftext|>"
+        and tok.pad_token_id != tok.eos_token_id
+    )
     assert model.generation_config.eos_token_id == tok.eos_token_id
     msgs = [{"role": "user", "content": "How do I boil an egg?"}]
     text = maybe_apply_chat_template({"prompt": msgs}, tok)["prompt"]
@@ -179,7 +202,7 @@ def test_policy_generates_with_chat_template(quick_assets):
     torch.manual_seed(0)
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=24, do_sample=True, pad_token_id=tok.pad_token_id)
-    completion = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    completion = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     assert out.shape[1] > enc["input_ids"].shape[1] and completion.strip()
     assert isinstance(gold_score(msgs, completion), float)
 
@@ -190,10 +213,15 @@ def test_gold_reward_func_is_a_trl_reward_func():
     from rgpo_trl.tiny_hh import gold_reward_func
 
     prompts = [[{"role": "user", "content": "How do I boil an egg?"}]] * 2
-    comps = [[{"role": "assistant", "content": "Sure! Use boiling water."}], [{"role": "assistant", "content": "No."}]]
+    comps = [
+        [{"role": "assistant", "content": "Sure! Use boiling water."}],
+        [{"role": "assistant", "content": "No."}],
+    ]
     assert get_callable_name(gold_reward_func) == "gold"
     assert gold_reward_func(prompts=prompts, completions=comps, completion_ids=None) == [
-        pytest.approx(2 / 3 + 1.5), pytest.approx(0.0)]
+        pytest.approx(2 / 3 + 1.5),
+        pytest.approx(0.0),
+    ]
 
 
 def test_cli_prints_paths_and_build_info(quick_assets, capsys):
@@ -201,7 +229,10 @@ def test_cli_prints_paths_and_build_info(quick_assets, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["policy_dir"] == str(quick_assets.policy_dir)
     assert out["reward_model_dir"] == str(quick_assets.reward_model_dir)
-    assert out["build_info"]["rm_heldout_pairwise_accuracy"] == quick_assets.build_info["rm_heldout_pairwise_accuracy"]
+    assert (
+        out["build_info"]["rm_heldout_pairwise_accuracy"]
+        == quick_assets.build_info["rm_heldout_pairwise_accuracy"]
+    )
 
 
 def test_saved_tokenizers_load_identically_through_auto_classes(quick_assets):
@@ -211,12 +242,14 @@ def test_saved_tokenizers_load_identically_through_auto_classes(quick_assets):
     from transformers import AutoTokenizer
 
     texts = [json.loads(x)["chosen"] for x in quick_assets.test_file.read_text().splitlines()[:50]]
-    texts += ["(hello) \"quoted\" x2024 it's  two  spaces\n\nnew-line!Sure", "Ünïcödé café, naïve 12345"]
+    texts += ['(hello) "quoted" x2024 it\'s  two  spaces\n\nnew-line!Sure', "Ünïcödé café, naïve 12345"]
     for d in (quick_assets.policy_dir, quick_assets.reward_model_dir):
         auto = AutoTokenizer.from_pretrained(d)
         raw = Tokenizer.from_file(str(d / "tokenizer.json"))
         for t in texts:
-            assert auto(t, add_special_tokens=False)["input_ids"] == raw.encode(t, add_special_tokens=False).ids, (d, t)
+            assert (
+                auto(t, add_special_tokens=False)["input_ids"] == raw.encode(t, add_special_tokens=False).ids
+            ), (d, t)
 
 
 def test_grpo_trainer_step_with_pairwise_reward_and_gold_metric(quick_assets, tmp_path):
@@ -228,16 +261,35 @@ def test_grpo_trainer_step_with_pairwise_reward_and_gold_metric(quick_assets, tm
     from rgpo_trl.tiny_hh import gold_reward_func
 
     tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir)
-    ds, _ = load_hh_helpful_prompts(str(quick_assets.data_dir), split="train", tokenizer=tok,
-                                    max_prompt_length=128, max_rows=8)
+    ds, _ = load_hh_helpful_prompts(
+        str(quick_assets.data_dir), split="train", tokenizer=tok, max_prompt_length=128, max_rows=8
+    )
     rm = PairwiseRewardModel(str(quick_assets.reward_model_dir), name="tiny_rm")
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=16, max_steps=1, logging_steps=1, report_to="none", use_cpu=True,
-                      reward_weights=[1.0, 0.0], disable_tqdm=True, save_strategy="no", seed=0)
-    trainer = GRPOTrainer(model=str(quick_assets.policy_dir), reward_funcs=[rm, gold_reward_func], args=args,
-                          train_dataset=ds, processing_class=tok)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=16,
+        max_steps=1,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        reward_weights=[1.0, 0.0],
+        disable_tqdm=True,
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=str(quick_assets.policy_dir),
+        reward_funcs=[rm, gold_reward_func],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+    )
     rm.to(trainer.accelerator.device)
     trainer.train()
     logs = trainer.state.log_history[0]
     assert "rewards/tiny_rm/mean" in logs and "rewards/gold/mean" in logs
-    assert logs["reward"] == pytest.approx(logs["rewards/tiny_rm/mean"], rel=1e-4, abs=1e-4)  # gold has weight 0
+    assert logs["reward"] == pytest.approx(
+        logs["rewards/tiny_rm/mean"], rel=1e-4, abs=1e-4
+    )  # gold has weight 0

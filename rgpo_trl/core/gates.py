@@ -12,11 +12,12 @@ New gates are added with `register_gate`; they then work everywhere a built-in d
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+
+from .registry import registrar
 
 # Log-ratios are clamped to [-20, 20], i.e. r in [2.1e-9, 4.9e8], with a straight-through gradient: the
 # value is bounded, the gradient is kept, so a sample far outside the trust region is still pulled back
@@ -99,20 +100,10 @@ class Gate:
 GATES: dict[str, type[Gate]] = {}
 
 
-def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
-    """Class decorator adding a `Gate` subclass to the registry under ``name`` (the pattern of verl's
-    ``register_policy_loss``). Registering a taken name raises."""
-
-    def decorator(cls: type[Gate]) -> type[Gate]:
-        if not (isinstance(cls, type) and issubclass(cls, Gate)):
-            raise TypeError(f"register_gate({name!r}) decorates a Gate subclass, got {cls!r}")
-        if name in GATES and GATES[name] is not cls:
-            raise ValueError(f"a gate named {name!r} is already registered ({GATES[name].__name__})")
-        cls.name = name
-        GATES[name] = cls
-        return cls
-
-    return decorator
+register_gate = registrar(GATES, Gate, "gate")
+register_gate.__doc__ = (
+    """Class decorator: ``@register_gate("name")`` adds a `Gate` subclass to the registry."""
+)
 
 
 def make_gate(name: str, **params: float | None) -> Gate:

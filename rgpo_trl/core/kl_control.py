@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
 from typing import Any
+
+from .registry import registrar
 
 
 def _check_positive(owner: str, field: str, value: Any) -> float:
@@ -71,17 +72,10 @@ class KLController:
 KL_CONTROLLERS: dict[str, type[KLController]] = {}
 
 
-def register_kl_controller(name: str) -> Callable[[type[KLController]], type[KLController]]:
-    """Class decorator adding a `KLController` subclass to the registry under ``name``."""
-
-    def decorator(cls: type[KLController]) -> type[KLController]:
-        if name in KL_CONTROLLERS and KL_CONTROLLERS[name] is not cls:
-            raise ValueError(f"a KL controller named {name!r} is already registered")
-        cls.name = name
-        KL_CONTROLLERS[name] = cls
-        return cls
-
-    return decorator
+register_kl_controller = registrar(KL_CONTROLLERS, KLController, "kl_controller")
+register_kl_controller.__doc__ = (
+    """Class decorator: ``@register_kl_controller("name")`` adds a `KLController` subclass."""
+)
 
 
 def make_kl_controller(name: str, **kwargs: float) -> KLController:
