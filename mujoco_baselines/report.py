@@ -1,164 +1,565 @@
-"""Paper-style table and learning curves from a grid of MuJoCo baseline runs.
+"""The paper's MuJoCo tables and figures from a results directory, next to the paper's own numbers.
 
-    python mujoco_baselines/report.py runs/ --out benchmarks/results/mujoco_grid
+    python mujoco_baselines/report.py results/mujoco --out results/mujoco/report
 
-Reads every ``<run>/config.json`` + ``metrics.csv`` (+ ``final.json``) under the given directories,
-groups runs by (env, method) and writes ``<out>.md`` / ``<out>.csv`` (one row per group) and
-``<out>_curves.png`` (return, KL to pi_old and ESS per iteration, mean +- std over seeds).
+Reads only ``<results>/<suite>/<run>/{config.json, metrics.csv, final.json}`` (as written by ``grid.py``) and
+the suite definitions in ``grid.py`` (to list the runs that have not run yet). Writes ``<out>/report.md``, one
+CSV per table and the figures as PNG. Only finished runs (with ``final.json``) enter a table; the others are
+counted as in progress or not run, never filled in.
 
-Columns (metric definitions in mujoco_baselines/README.md, "Outputs and logs"; computed per seed, then mean +- std over seeds):
-- final return: mean of the last 100 episodes of a seed (``final.json``), mean +- std over seeds
-- KL mean: mean over iterations of the iteration KL (mean over mini-batches of mean(r - 1 - log r))
-- KL max: the largest iteration KL of any seed
-- spike rate: fraction of iterations with iteration KL > 0.04
-- ESS: mean over iterations (w per method: RGPO g'(r) r, PPO clip(r), TRPO r, AWR its weights)
-- grad var: mean over iterations of the per-iteration gradient variance
+Statistics (per run first, then across seeds; n = number of finished seeds, stated in every cell):
+- final return: mean of the run's last 100 episodes (``final.json``); mean +- sample std (ddof = 1) over seeds;
+  RGPO vs PPO: one-tailed Welch t-test (H1: RGPO > PPO), as the paper;
+- KL: ``kl`` = mean over the iteration's mini-batches of mean(r - 1 - log r) before each update, ``kl_final``
+  = the iteration's final policy against pi_old over the whole batch; mean over iterations and seeds, max over
+  iterations and seeds, spike rate = share of iterations with KL > 0.04 (2 x target);
+- ESS, gradient variance: mean over iterations and seeds;
+- beyond the paper (the rliable protocol of Agarwal et al. 2021, computed with scipy because rliable 1.2 needs
+  arch < 8, whose 7.x releases fail to import with pandas 3, and pinning pandas < 3 for every user of the
+  extra would be worse): interquartile mean (IQM) of PPO-normalised final returns (each run divided by the
+  mean of the PPO runs of its environment) with a stratified-bootstrap 95% CI (runs resampled within each
+  environment), and the probability of improvement P(RGPO > PPO) (Mann-Whitney U / (n m), averaged over
+  environments) with its stratified-bootstrap 95% CI.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
+import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
+METHODS = ["ppo", "trpo", "awr", "rgpo"]
+SPIKE_KL = 0.04
+
+# The paper's numbers (tables main_results, kl_stats, ess_all, gate_cmp, k_sweep, longhorizon; Ablation F).
+PAPER_RETURNS = {  # env -> method -> (mean, std or None)
+    "HalfCheetah-v4": {"ppo": (3107, 1489), "trpo": (1413, 233), "awr": (1509, 104), "rgpo": (3006, 790)},
+    "Walker2d-v4": {"ppo": (1653, 853), "trpo": (1350, 131), "awr": (350, None), "rgpo": (2998, 412)},
+    "Hopper-v4": {"ppo": (1732, 661), "trpo": (1335, 173), "awr": (730, None), "rgpo": (1727, 238)},
+    "Ant-v4": {"ppo": (709, 237), "trpo": (332, 109), "awr": (58, None), "rgpo": (1043, 178)},
+}
+PAPER_WELCH_P = {"Walker2d-v4": 0.047, "Ant-v4": 0.064}
+PAPER_KL = {  # env -> method -> (mean KL, max KL, spike rate)
+    "HalfCheetah-v4": {"awr": (1.983, 58.26, 0.99), "ppo": (0.243, 11.59, 0.79), "rgpo": (0.021, 0.038, 0.0),
+                       "trpo": (0.007, 0.010, 0.0)},
+    "Walker2d-v4": {"awr": (0.795, 28.02, 0.92), "ppo": (0.119, 0.621, 0.73), "rgpo": (0.020, 0.042, 0.0),
+                    "trpo": (0.007, 0.010, 0.0)},
+    "Ant-v4": {"awr": (18.85, 1000, 1.0), "ppo": (0.409, 7.271, 0.84), "rgpo": (0.020, 0.045, 0.0),
+               "trpo": (0.005, 0.010, 0.0)},
+    "Hopper-v4": {"awr": (0.085, 0.459, 0.73), "ppo": (0.043, 0.196, 0.44), "rgpo": (0.019, 0.047, 0.0),
+                  "trpo": (0.007, 0.010, 0.0)},
+}  # fmt: skip
+PAPER_ESS = {
+    "HalfCheetah-v4": {"ppo": 0.973, "trpo": 0.977, "rgpo": 0.876, "awr": 0.654},
+    "Walker2d-v4": {"ppo": 0.974, "trpo": 0.974, "rgpo": 0.870, "awr": 0.704},
+    "Ant-v4": {"ppo": 0.970, "trpo": 0.972, "rgpo": 0.871, "awr": 0.456},
+    "Hopper-v4": {"ppo": 0.980, "trpo": 0.969, "rgpo": 0.881, "awr": 0.628},
+}
+PAPER_GATES = {  # gate -> (mean return of the last-20-iteration window, seed std, ESS, mean KL)
+    "sigmoid": (3414, 449, 0.869, 0.0198),
+    "clipped_linear": (3181, 1351, 0.962, 0.0212),
+    "temperature": (1886, 854, 0.990, 0.0197),
+}
+PAPER_K_SWEEP = {
+    "ppo_1epoch": 1630,
+    "k2_1epoch": 1026,
+    "k5_1epoch": 1959,
+    "k10_1epoch": 1921,
+    "k20_1epoch": 1756,
+}
+PAPER_BETA0 = {"beta0.2_target0.02": 2805, "beta0.5_target0.02": 3623, "beta1.0_target0.02": 3438,
+               "beta0.5_target0.01": 3523}  # fmt: skip
+PAPER_LONG = {"ppo": {1: (2247, 956), 3: (1896, 66), 6: (1116, 417)},
+              "rgpo": {1: (2946, 768), 3: (2696, 1114), 6: (3095, 980)}}  # fmt: skip
+PAPER_LONG_P6 = 0.028
 
 
-def method_label(cfg: dict) -> str:
-    name = cfg.get("exp_name", "?").replace("_continuous_action", "")
-    if name == "rgpo" and cfg.get("gate", "sigmoid") != "sigmoid":
-        name += f"[{cfg['gate']}]"
-    return name
+@dataclass
+class Run:
+    suite: str
+    name: str
+    cfg: dict
+    metrics: pd.DataFrame
+    final: dict | None
+
+    @property
+    def method(self) -> str:
+        return self.cfg["exp_name"].replace("_continuous_action", "")
+
+    @property
+    def env(self) -> str:
+        return self.cfg["env_id"]
+
+    @property
+    def variant(self) -> str:  # grid.py names runs {env}__{method}__{variant}__s{seed}__{steps}k
+        parts = self.name.split("__")
+        return parts[2] if len(parts) == 5 else "default"
+
+    @property
+    def final_return(self) -> float:
+        return float(self.final["final_return"]) if self.final else float("nan")
 
 
-def load_runs(dirs):
+def load_runs(root: str) -> list[Run]:
     runs = []
-    for d in dirs:
-        for cfg_path in sorted(glob.glob(os.path.join(d, "**", "config.json"), recursive=True)):
-            run_dir = os.path.dirname(cfg_path)
-            metrics_path = os.path.join(run_dir, "metrics.csv")
-            if not os.path.exists(metrics_path):
+    for suite in sorted(os.listdir(root)):
+        suite_dir = os.path.join(root, suite)
+        if not os.path.isdir(suite_dir):
+            continue
+        for name in sorted(os.listdir(suite_dir)):
+            d = os.path.join(suite_dir, name)
+            if not os.path.isfile(os.path.join(d, "config.json")) or not os.path.isfile(
+                os.path.join(d, "metrics.csv")
+            ):
                 continue
-            cfg = json.load(open(cfg_path))
-            df = pd.read_csv(metrics_path)
-            if df.empty:
-                continue
-            final_path = os.path.join(run_dir, "final.json")
-            final = json.load(open(final_path)) if os.path.exists(final_path) else None
-            runs.append({"cfg": cfg, "df": df, "final": final, "dir": run_dir})
+            with open(os.path.join(d, "config.json")) as f:
+                cfg = json.load(f)
+            final = None
+            if os.path.isfile(os.path.join(d, "final.json")):
+                with open(os.path.join(d, "final.json")) as f:
+                    final = json.load(f)
+            runs.append(Run(suite, name, cfg, pd.read_csv(os.path.join(d, "metrics.csv")), final))
     return runs
 
 
-def summarise(runs, spike_kl=0.04):
+# ----------------------------------------------------------------------------------------------- statistics
+def mean_std(values) -> tuple[float, float, int]:
+    """Mean, sample std (ddof = 1; nan for one value) and n."""
+    x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    if len(x) == 0:
+        return float("nan"), float("nan"), 0
+    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else float("nan"), len(x)
+
+
+def welch_greater(a, b) -> tuple[float, float, float]:
+    """One-tailed Welch t-test of mean(a) > mean(b): (t, Welch-Satterthwaite df, p)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) < 2 or len(b) < 2:
+        return float("nan"), float("nan"), float("nan")
+    res = stats.ttest_ind(a, b, equal_var=False, alternative="greater")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(res.statistic), float(df), float(res.pvalue)
+
+
+def iqm(x) -> float:
+    """Interquartile mean: the mean of the middle 50% of the values (rliable's IQM)."""
+    return float(stats.trim_mean(np.asarray(x, float), 0.25))
+
+
+def probability_of_improvement(x, y) -> float:
+    """P(X > Y) + 0.5 P(X = Y) over all pairs: the Mann-Whitney U statistic / (n m)."""
+    x, y = np.asarray(x, float)[:, None], np.asarray(y, float)[None, :]
+    return float(((x > y) + 0.5 * (x == y)).mean())
+
+
+def stratified_bootstrap_ci(groups: list[tuple[np.ndarray, ...]], statistic, n_boot=2000, seed=0):
+    """95% percentile CI of ``statistic(groups)`` with every array of every group (environment) resampled with
+    replacement within itself: rliable's stratified bootstrap."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_boot):
+        resampled = [tuple(a[rng.integers(0, len(a), len(a))] for a in g) for g in groups]
+        values.append(statistic(resampled))
+    return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
+
+
+# ----------------------------------------------------------------------------------------------- tables
+def _finished(runs, **where) -> list[Run]:
+    return [r for r in runs if r.final and all(getattr(r, k) == v for k, v in where.items())]
+
+
+def _fmt(mean, std, n, digits=0) -> str:
+    if n == 0:
+        return "not run"
+    s = f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if np.isfinite(std) else "")
+    return f"{s} (n={n})"
+
+
+def _paper_fmt(ms) -> str:
+    mean, std = ms
+    return f"{mean}" + (f" ± {std}" if std is not None else "")
+
+
+def main_returns_table(runs):
     rows = []
-    groups = {}
-    for r in runs:
-        groups.setdefault((r["cfg"]["env_id"], method_label(r["cfg"])), []).append(r)
-    for (env, method), rs in sorted(groups.items()):
-        finals = [r["final"]["final_return"] for r in rs if r["final"]]
-        per_seed = pd.DataFrame(
-            {
-                "kl_mean": [r["df"]["kl"].mean() for r in rs],
-                "kl_max": [r["df"]["kl"].max() for r in rs],
-                "spike_rate": [(r["df"]["kl"] > spike_kl).mean() for r in rs],
-                "ess": [r["df"]["ess"].mean() for r in rs],
-                "grad_var": [r["df"]["grad_var"].mean() for r in rs],
-                "sps": [r["df"]["SPS"].iloc[-1] for r in rs],
-                "steps": [r["df"]["global_step"].iloc[-1] for r in rs],
-            }
-        )
-        rows.append(
-            {
-                "env": env,
-                "method": method,
-                "seeds": len(rs),
-                "finished": len(finals),
-                "steps": int(per_seed["steps"].min()),
-                "final_return_mean": float(np.mean(finals)) if finals else float("nan"),
-                "final_return_std": float(np.std(finals)) if finals else float("nan"),
-                "worst_seed_return": float(np.min(finals)) if finals else float("nan"),
-                "kl_mean": per_seed["kl_mean"].mean(),
-                "kl_max": per_seed["kl_max"].max(),
-                "spike_rate": per_seed["spike_rate"].mean(),
-                "ess_mean": per_seed["ess"].mean(),
-                "grad_var_mean": per_seed["grad_var"].mean(),
-                "sps_mean": per_seed["sps"].mean(),
-            }
-        )
-    return pd.DataFrame(rows), groups
+    for env in ENVS:
+        row = {"env": env}
+        finals = {
+            m: [r.final_return for r in _finished(runs, suite="main", env=env, method=m)] for m in METHODS
+        }
+        for m in METHODS:
+            mean, std, n = mean_std(finals[m])
+            row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_n": n})
+        ppo, rgpo = row["ppo_mean"], row["rgpo_mean"]
+        row["delta_rgpo_vs_ppo"] = (rgpo - ppo) / abs(ppo) if row["ppo_n"] and row["rgpo_n"] else float("nan")
+        row["welch_t"], row["welch_df"], row["welch_p"] = welch_greater(finals["rgpo"], finals["ppo"])
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    lines = [
-        "| env | method | seeds | steps | final return (mean ± std) | worst seed | KL mean | KL max | spike rate "
-        "| ESS | grad var | SPS |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for _, r in table.iterrows():
-        lines.append(
-            f"| {r.env} | {r.method} | {r.seeds} | {r.steps} | {r.final_return_mean:.1f} ± {r.final_return_std:.1f} "
-            f"| {r.worst_seed_return:.1f} | {r.kl_mean:.4f} | {r.kl_max:.4f} | {100 * r.spike_rate:.0f}% "
-            f"| {r.ess_mean:.3f} | {r.grad_var_mean:.2e} | {r.sps_mean:.0f} |"
-        )
+def main_returns_md(t: pd.DataFrame) -> str:
+    lines = ["| env | " + " | ".join(f"{m.upper()} ours / paper" for m in METHODS) +
+             " | RGPO vs PPO ours / paper | Welch t (df), p ours / paper |",
+             "|---|" + "---|" * (len(METHODS) + 2)]  # fmt: skip
+    for _, r in t.iterrows():
+        cells = [f"{_fmt(r[f'{m}_mean'], r[f'{m}_std'], r[f'{m}_n'])} / {_paper_fmt(PAPER_RETURNS[r.env][m])}"
+                 for m in METHODS]  # fmt: skip
+        pp, pr = PAPER_RETURNS[r.env]["ppo"][0], PAPER_RETURNS[r.env]["rgpo"][0]
+        delta = f"{100 * r.delta_rgpo_vs_ppo:+.0f}%" if np.isfinite(r.delta_rgpo_vs_ppo) else "-"
+        welch = f"{r.welch_t:.2f} ({r.welch_df:.1f}), {r.welch_p:.3f}" if np.isfinite(r.welch_p) else "-"
+        paper_p = PAPER_WELCH_P.get(r.env)
+        lines.append(f"| {r.env} | " + " | ".join(cells) + f" | {delta} / {100 * (pr - pp) / pp:+.0f}% | "
+                     f"{welch} / {paper_p if paper_p is not None else 'n.s.'} |")  # fmt: skip
     return "\n".join(lines)
 
 
-def plot(groups, path):
+def kl_table(runs, suite="main"):
+    rows = []
+    for env in ENVS:
+        for m in METHODS:
+            rs = _finished(runs, suite=suite, env=env, method=m)
+            if not rs:
+                rows.append({"env": env, "method": m, "n": 0})
+                continue
+            df = pd.concat([r.metrics for r in rs])
+            rows.append({
+                "env": env, "method": m, "n": len(rs),
+                "kl_mean": df["kl"].mean(), "kl_max": df["kl"].max(), "kl_minibatch_max": df["kl_max"].max(),
+                "spike_rate": (df["kl"] > SPIKE_KL).mean(),
+                "kl_final_mean": df["kl_final"].mean(), "kl_final_max": df["kl_final"].max(),
+                "spike_rate_final": (df["kl_final"] > SPIKE_KL).mean(),
+                "ess": df["ess"].mean(), "grad_var": df["grad_var"].mean(),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def kl_md(t: pd.DataFrame) -> str:
+    lines = ["| env | method | n | mean KL ours / paper | max KL ours / paper | spike rate ours / paper | "
+             "max mini-batch KL | mean KL_final | max KL_final | spike rate (KL_final) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for _, r in t.iterrows():
+        pk = PAPER_KL[r.env][r.method]
+        if r.n == 0:
+            lines.append(
+                f"| {r.env} | {r.method} | 0 | not run / {pk[0]} | - / {pk[1]} | - / {pk[2]:.0%} | | | | |"
+            )
+            continue
+        lines.append(f"| {r.env} | {r.method} | {r.n} | {r.kl_mean:.4f} / {pk[0]} | {r.kl_max:.4f} / {pk[1]} | "
+                     f"{r.spike_rate:.0%} / {pk[2]:.0%} | {r.kl_minibatch_max:.4f} | {r.kl_final_mean:.4f} | "
+                     f"{r.kl_final_max:.4f} | {r.spike_rate_final:.0%} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def ess_md(t: pd.DataFrame) -> str:
+    lines = ["| env | " + " | ".join(f"{m.upper()} ours / paper" for m in METHODS) + " |",
+             "|---|" + "---|" * len(METHODS)]  # fmt: skip
+    for env in ENVS:
+        cells = []
+        for m in METHODS:
+            r = t[(t.env == env) & (t.method == m)].iloc[0]
+            ours = f"{r.ess:.3f}" if r.n else "not run"
+            cells.append(f"{ours} / {PAPER_ESS[env][m]}")
+        lines.append(f"| {env} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def gates_table(runs):
+    """Ablation A on HalfCheetah-v4: sigmoid from `main`, the other gates from `gates`."""
+    rows = []
+    for gate in PAPER_GATES:
+        rs = (_finished(runs, suite="main", env="HalfCheetah-v4", method="rgpo") if gate == "sigmoid"
+              else _finished(runs, suite="gates", env="HalfCheetah-v4", variant=gate))  # fmt: skip
+        window = [r.metrics["episodic_return"].dropna().iloc[-20:].mean() for r in rs]
+        mean, std, n = mean_std(window)
+        df = pd.concat([r.metrics for r in rs]) if rs else pd.DataFrame({"ess": [], "kl": []})
+        rows.append({"gate": gate, "n": n, "window_return": mean, "seed_std": std,
+                     "final_return": mean_std([r.final_return for r in rs])[0],
+                     "ess": df["ess"].mean(), "kl_mean": df["kl"].mean()})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def gates_md(t):
+    lines = ["| gate | n | return (last-20-iteration window) ours / paper | seed std ours / paper | ESS ours / paper "
+             "| mean KL ours / paper |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for _, r in t.iterrows():
+        p = PAPER_GATES[r.gate]
+        if r.n == 0:
+            lines.append(f"| {r.gate} | 0 | not run / {p[0]} | - / {p[1]} | - / {p[2]} | - / {p[3]} |")
+        else:
+            lines.append(f"| {r.gate} | {r.n} | {r.window_return:.0f} / {p[0]} | {r.seed_std:.0f} / {p[1]} | "
+                         f"{r.ess:.3f} / {p[2]} | {r.kl_mean:.4f} / {p[3]} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def single_runs_md(runs, suite, paper, title):
+    rows, lines = (
+        [],
+        [f"| {title} | n | final return ours / paper | mean KL | spike rate |", "|---|---|---|---|---|"],
+    )
+    for variant, value in paper.items():
+        method = "ppo" if variant.startswith("ppo") else "rgpo"
+        variant_name = variant.removeprefix("ppo_") if method == "ppo" else variant
+        rs = _finished(runs, suite=suite, method=method, variant=variant_name)
+        mean, _, n = mean_std([r.final_return for r in rs])
+        kl = pd.concat([r.metrics["kl"] for r in rs]) if rs else pd.Series(dtype=float)
+        rows.append({"variant": variant, "n": n, "final_return": mean, "kl_mean": kl.mean()})
+        ours = f"{mean:.0f}" if n else "not run"
+        klc = f"{kl.mean():.4f} | {(kl > SPIKE_KL).mean():.0%}" if n else "- | -"
+        lines.append(f"| {variant} | {n} | {ours} / {value} | {klc} |")
+    return pd.DataFrame(rows), "\n".join(lines)
+
+
+def long_table(runs):
+    rows = []
+    for m in ("ppo", "rgpo"):
+        row = {"method": m}
+        for budget in (1, 3, 6):
+            rs = (_finished(runs, suite="main", env="HalfCheetah-v4", method=m) if budget == 1 else
+                  [r for r in _finished(runs, suite="long", method=m) if r.cfg["total_timesteps"] == budget * 10**6])  # fmt: skip
+            row[f"{budget}M"] = [r.final_return for r in rs]
+        rows.append(row)
+    return rows
+
+
+def long_md(rows):
+    lines = ["| method | 1M ours / paper | 3M ours / paper | 6M ours / paper |", "|---|---|---|---|"]
+    for row in rows:
+        cells = [
+            f"{_fmt(*mean_std(row[f'{b}M']))} / {_paper_fmt(PAPER_LONG[row['method']][b])}" for b in (1, 3, 6)
+        ]
+        lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+    tests = []
+    for b in (1, 3, 6):
+        t, df, p = welch_greater(rows[1][f"{b}M"], rows[0][f"{b}M"])
+        paper = f" (paper: p = {PAPER_LONG_P6})" if b == 6 else ""
+        tests.append(
+            f"{b}M: " + (f"t = {t:.2f} (df {df:.1f}), p = {p:.3f}" if np.isfinite(p) else "-") + paper
+        )
+    return "\n".join(lines) + "\n\nRGPO > PPO, one-tailed Welch: " + "; ".join(tests)
+
+
+def aggregate(runs, n_boot=2000):
+    """IQM of PPO-normalised final returns per method and P(RGPO > PPO), with stratified-bootstrap CIs."""
+    per_env = {}
+    for env in ENVS:
+        finals = {
+            m: np.array([r.final_return for r in _finished(runs, suite="main", env=env, method=m)])
+            for m in METHODS
+        }
+        if len(finals["ppo"]) and finals["ppo"].mean() != 0:
+            per_env[env] = {m: v / abs(finals["ppo"].mean()) for m, v in finals.items() if len(v)}
+    out = {"envs": sorted(per_env), "iqm": {}, "prob_improvement": None}
+    for m in METHODS:
+        groups = [(v[m],) for v in per_env.values() if m in v]
+        if groups:
+            stat = lambda gs: iqm(np.concatenate([g[0] for g in gs]))  # noqa: E731
+            out["iqm"][m] = {"iqm": stat(groups), "ci95": stratified_bootstrap_ci(groups, stat, n_boot)}
+    pairs = [(v["rgpo"], v["ppo"]) for v in per_env.values() if "rgpo" in v and "ppo" in v]
+    if pairs:
+        stat = lambda gs: float(np.mean([probability_of_improvement(x, y) for x, y in gs]))  # noqa: E731
+        out["prob_improvement"] = {"value": stat(pairs), "ci95": stratified_bootstrap_ci(pairs, stat, n_boot)}
+    return out
+
+
+def aggregate_md(agg) -> str:
+    if not agg["iqm"]:
+        return "not run"
+    lines = [
+        f"Environments: {', '.join(agg['envs'])}.",
+        "",
+        "| method | IQM (PPO-normalised) | 95% CI |",
+        "|---|---|---|",
+    ]
+    for m, v in agg["iqm"].items():
+        lines.append(f"| {m} | {v['iqm']:.3f} | {v['ci95'][0]:.3f}-{v['ci95'][1]:.3f} |")
+    if agg["prob_improvement"]:
+        p = agg["prob_improvement"]
+        lines += ["", f"P(RGPO > PPO) = {p['value']:.3f} (95% CI {p['ci95'][0]:.3f}-{p['ci95'][1]:.3f})"]
+    return "\n".join(lines)
+
+
+def ppo_kl_md(runs) -> str:
+    """The PPO-KL question: return and both KL definitions per setting (seed 0; `default` is main's seed 0)."""
+    lines = ["| env | method | setting | n | final return | mean KL | max KL | spike rate | mean KL_final | "
+             "spike rate (KL_final) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for env in ("HalfCheetah-v4", "Walker2d-v4"):
+        for m in ("ppo", "rgpo"):
+            for variant in ("default", "no_gradclip", "no_advnorm", "no_lranneal", "all_off"):
+                rs = ([r for r in _finished(runs, suite="main", env=env, method=m) if r.cfg["seed"] == 0]
+                      if variant == "default" else _finished(runs, suite="ppo_kl", env=env, method=m, variant=variant))  # fmt: skip
+                if not rs:
+                    lines.append(f"| {env} | {m} | {variant} | 0 | not run | | | | | |")
+                    continue
+                df = pd.concat([r.metrics for r in rs])
+                lines.append(f"| {env} | {m} | {variant} | {len(rs)} | {np.mean([r.final_return for r in rs]):.0f} | "
+                             f"{df['kl'].mean():.4f} | {df['kl'].max():.4f} | {(df['kl'] > SPIKE_KL).mean():.0%} | "
+                             f"{df['kl_final'].mean():.4f} | {(df['kl_final'] > SPIKE_KL).mean():.0%} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def status_md(runs) -> str:
+    sys.path.insert(0, HERE)
+    from grid import SUITES
+
+    have = {(r.suite, r.name): r for r in runs}
+    lines = ["| suite | runs | finished | in progress | not started |", "|---|---|---|---|---|"]
+    for suite, expected in SUITES.items():
+        if suite == "smoke":
+            continue
+        done = sum(1 for e in expected if (suite, e.name) in have and have[suite, e.name].final)
+        partial = sum(1 for e in expected if (suite, e.name) in have and not have[suite, e.name].final)
+        lines.append(f"| {suite} | {len(expected)} | {done} | {partial} | {len(expected) - done - partial} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- figures
+def figures(runs, out):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import torch
 
-    envs = sorted({env for env, _ in groups})
-    panels = [("return_last100", "return (last 100 episodes)"), ("kl", "KL to pi_old"), ("ess", "ESS")]
-    fig, axes = plt.subplots(
-        len(envs), len(panels), figsize=(5 * len(panels), 3.6 * len(envs)), squeeze=False
-    )
-    for i, env in enumerate(envs):
-        for (genv, method), rs in sorted(groups.items()):
-            if genv != env:
-                continue
-            n = min(len(r["df"]) for r in rs)
-            x = rs[0]["df"]["global_step"].to_numpy()[:n]
-            for j, (key, title) in enumerate(panels):
-                y = np.stack([r["df"][key].to_numpy()[:n] for r in rs])
-                m, s = np.nanmean(y, 0), np.nanstd(y, 0)
-                ax = axes[i, j]
-                ax.plot(x, m, label=f"{method} ({len(rs)} seeds)")
-                ax.fill_between(x, m - s, m + s, alpha=0.2)
-                ax.set_title(f"{env}: {title}")
-                ax.set_xlabel("environment steps")
+    import rgpo_trl
+
+    main = [r for r in runs if r.suite == "main" and r.final]
+    written = []
+    if main:
+        # final-return bars
+        fig, ax = plt.subplots(figsize=(9, 3.6))
+        width = 0.2
+        for i, m in enumerate(METHODS):
+            stats_ = [mean_std([r.final_return for r in main if r.env == e and r.method == m]) for e in ENVS]
+            ax.bar(np.arange(len(ENVS)) + (i - 1.5) * width, [s[0] for s in stats_], width,
+                   yerr=[0 if not np.isfinite(s[1]) else s[1] for s in stats_], label=m, capsize=2)  # fmt: skip
+        ax.set_xticks(np.arange(len(ENVS)), ENVS)
+        ax.set_ylabel("final return (last 100 episodes)")
+        ax.legend(ncol=4, fontsize=8)
+        written.append(_save(fig, out, "final_returns.png"))
+        # per-iteration curves: return, KL (log, 2x target), ESS, grad var
+        panels = [("return_last100", "return (last 100 episodes)", False), ("kl", "KL to pi_old (log)", True),
+                  ("ess", "ESS", False), ("grad_var", "gradient variance (log)", True)]  # fmt: skip
+        for key, title, log in panels:
+            fig, axes = plt.subplots(1, len(ENVS), figsize=(4.2 * len(ENVS), 3.2), squeeze=False)
+            for j, env in enumerate(ENVS):
+                ax = axes[0, j]
+                for m in METHODS:
+                    rs = [r for r in main if r.env == env and r.method == m]
+                    if not rs:
+                        continue
+                    n = min(len(r.metrics) for r in rs)
+                    x = rs[0].metrics["global_step"].to_numpy()[:n]
+                    y = np.stack([r.metrics[key].to_numpy()[:n] for r in rs])
+                    mu, sd = np.nanmean(y, 0), np.nanstd(y, 0, ddof=1) if len(rs) > 1 else np.zeros(n)
+                    ax.plot(x, mu, label=f"{m} (n={len(rs)})", lw=1)
+                    ax.fill_between(
+                        x, mu - sd if not log else np.maximum(mu - sd, mu * 0.1), mu + sd, alpha=0.2
+                    )
                 if key == "kl":
-                    ax.axhline(0.04, color="k", ls=":", lw=0.8)
-        axes[i, 0].legend(fontsize=8)
+                    ax.axhline(SPIKE_KL, color="k", ls=":", lw=0.8, label="2 x target")
+                if log:
+                    ax.set_yscale("log")
+                ax.set_title(f"{env}", fontsize=9)
+                ax.set_xlabel("environment steps")
+            axes[0, 0].set_ylabel(title)
+            axes[0, 0].legend(fontsize=7)
+            written.append(_save(fig, out, f"curves_{key}.png"))
+        # KL spectrum
+        fig, ax = plt.subplots(figsize=(9, 3.4))
+        for i, m in enumerate(METHODS):
+            vals = [pd.concat([r.metrics["kl"] for r in main if r.env == e and r.method == m] or [pd.Series([np.nan])]).mean()
+                    for e in ENVS]  # fmt: skip
+            ax.bar(np.arange(len(ENVS)) + (i - 1.5) * 0.2, vals, 0.2, label=m)
+        ax.axhline(SPIKE_KL, color="k", ls=":", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks(np.arange(len(ENVS)), ENVS)
+        ax.set_ylabel("mean KL to pi_old (log)")
+        ax.legend(ncol=4, fontsize=8)
+        written.append(_save(fig, out, "kl_spectrum.png"))
+    # g(r) and w(r) of the three gates
+    r = torch.linspace(0.01, 3.0, 600, dtype=torch.float64)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for name in ("sigmoid", "clipped_linear", "temperature"):
+        gate = rgpo_trl.make_gate(name)
+        axes[0].plot(r, gate.g(torch.log(r)), label=repr(gate))
+        axes[1].plot(r, gate.w(torch.log(r)), label=repr(gate))
+    axes[0].set_title("g(r)")
+    axes[1].set_title("w(r) = g'(r) r")
+    for ax in axes:
+        ax.set_xlabel("r")
+        ax.legend(fontsize=7)
+    written.append(_save(fig, out, "gates.png"))
+    return written
+
+
+def _save(fig, out, name):
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(os.path.join(out, name), dpi=100)
+    import matplotlib.pyplot as plt
+
     plt.close(fig)
+    return name
 
 
-def main():
+def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True) -> str:
+    runs = load_runs(results)
+    os.makedirs(out, exist_ok=True)
+    main_t, kl_t, gates_t = main_returns_table(runs), kl_table(runs), gates_table(runs)
+    k_t, k_md = single_runs_md(runs, "k_sweep", PAPER_K_SWEEP, "k sweep (1 epoch, seed 1)")
+    b_t, b_md = single_runs_md(runs, "beta0", PAPER_BETA0, "beta0 / target (seed 1)")
+    long_rows = long_table(runs)
+    agg = aggregate(runs, n_boot)
+    main_t.to_csv(os.path.join(out, "main_returns.csv"), index=False)
+    kl_t.to_csv(os.path.join(out, "kl_ess.csv"), index=False)
+    gates_t.to_csv(os.path.join(out, "gates.csv"), index=False)
+    k_t.to_csv(os.path.join(out, "k_sweep.csv"), index=False)
+    b_t.to_csv(os.path.join(out, "beta0.csv"), index=False)
+    with open(os.path.join(out, "aggregate.json"), "w") as f:
+        json.dump(agg, f, indent=2)
+    figs = figures(runs, out) if plots else []
+    sections = [
+        ("Runs", status_md(runs)),
+        ("Final return at 1M steps (paper Table main_results)", main_returns_md(main_t)),
+        ("KL to pi_old (paper Table kl_stats; both KL definitions)", kl_md(kl_t)),
+        ("ESS (paper Table ess_all)", ess_md(kl_t)),
+        ("Aggregate over environments (beyond the paper)", aggregate_md(agg)),
+        ("Gate comparison, HalfCheetah-v4 (paper Ablation A)", gates_md(gates_t)),
+        ("Gate sharpness k (paper Ablation B)", k_md),
+        ("beta0 and target (paper Ablation F)", b_md),
+        ("Long horizon, HalfCheetah-v4 (paper Table longhorizon)", long_md(long_rows)),
+        ("The PPO-KL question", ppo_kl_md(runs)),
+    ]
+    md = ["# MuJoCo results vs the paper", "",
+          f"Command: `python mujoco_baselines/report.py {results} --out {out}`. Statistics as in the report's "
+          "docstring: mean ± sample std (ddof 1) over n finished seeds; 'not run' = no finished run yet.", ""]  # fmt: skip
+    for title, body in sections:
+        md += [f"## {title}", "", body, ""]
+    md += ["## Figures", ""] + [f"![{f}]({f})" for f in figs]
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dirs", nargs="+", help="directories containing run folders (e.g. runs/)")
-    p.add_argument(
-        "--out", default="mujoco_report", help="output prefix: <out>.md, <out>.csv, <out>_curves.png"
-    )
-    p.add_argument("--spike-kl", type=float, default=0.04)
+    p.add_argument("results", help="results root with one folder per suite (e.g. results/mujoco)")
+    p.add_argument("--out", default=None, help="output folder (default: <results>/report)")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the aggregate CIs")
     p.add_argument("--no-plot", action="store_true")
-    args = p.parse_args()
-    runs = load_runs(args.dirs)
-    if not runs:
-        raise SystemExit(f"no runs (config.json + metrics.csv) under {args.dirs}")
-    table, groups = summarise(runs, args.spike_kl)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    table.to_csv(args.out + ".csv", index=False)
-    md = to_markdown(table)
-    with open(args.out + ".md", "w") as f:
-        f.write(md + "\n")
-    if not args.no_plot:
-        plot(groups, args.out + "_curves.png")
-    print(md)
+    a = p.parse_args(argv)
+    if not os.path.isdir(a.results):
+        raise SystemExit(f"ERROR: {a.results} is not a directory")
+    print(build_report(a.results, a.out or os.path.join(a.results, "report"), a.bootstrap, not a.no_plot))
 
 
 if __name__ == "__main__":

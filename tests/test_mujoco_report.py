@@ -1,0 +1,128 @@
+"""mujoco_baselines/report.py on a synthetic results folder: known numbers in, known tables out, statistics
+checked against scipy."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name):
+    path = os.path.join(ROOT, "mujoco_baselines", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load("report")
+
+
+def write_run(
+    root, suite, env, method, seed, final_return, kl, variant="default", steps=1_000_000, finished=True
+):
+    name = f"{env}__{method}__{variant}__s{seed}__{steps // 1000}k"
+    d = os.path.join(root, suite, name)
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(
+            {
+                "exp_name": f"{method}_continuous_action",
+                "env_id": env,
+                "seed": seed,
+                "total_timesteps": steps,
+            },
+            f,
+        )
+    n = len(kl)
+    pd.DataFrame({
+        "iteration": np.arange(1, n + 1), "global_step": 2048 * np.arange(1, n + 1),
+        "episodic_return": np.linspace(0, final_return, n), "return_last100": np.linspace(0, final_return, n),
+        "kl": kl, "kl_max": np.asarray(kl) * 2, "kl_final": np.asarray(kl) * 1.5, "ess": np.full(n, 0.9),
+        "grad_var": np.full(n, 1e-3),
+    }).to_csv(os.path.join(d, "metrics.csv"), index=False)  # fmt: skip
+    if finished:
+        with open(os.path.join(d, "final.json"), "w") as f:
+            json.dump({"final_return": final_return}, f)
+
+
+@pytest.fixture()
+def results(tmp_path):
+    root = str(tmp_path / "results")
+    for seed, (ppo, rgpo) in enumerate([(100.0, 300.0), (200.0, 400.0), (300.0, 500.0)]):
+        write_run(root, "main", "HalfCheetah-v4", "ppo", seed, ppo, [0.01, 0.05, 0.03, 0.1])
+        write_run(root, "main", "HalfCheetah-v4", "rgpo", seed, rgpo, [0.02, 0.02, 0.01, 0.03])
+    write_run(root, "main", "Hopper-v4", "ppo", 0, 50.0, [0.01, 0.01])
+    write_run(root, "main", "Hopper-v4", "rgpo", 0, 80.0, [0.01, 0.01], finished=False)  # still running
+    write_run(root, "gates", "HalfCheetah-v4", "rgpo", 0, 900.0, [0.02] * 30, variant="temperature")
+    return root
+
+
+def test_main_returns_table_and_welch_test(results):
+    t = report.main_returns_table(report.load_runs(results)).set_index("env")
+    hc = t.loc["HalfCheetah-v4"]
+    assert (hc.ppo_mean, hc.ppo_std, hc.ppo_n) == (200.0, 100.0, 3)  # sample std, ddof = 1
+    assert (hc.rgpo_mean, hc.rgpo_std, hc.rgpo_n) == (400.0, 100.0, 3)
+    assert hc.delta_rgpo_vs_ppo == pytest.approx(1.0)
+    ref = stats.ttest_ind([300, 400, 500], [100, 200, 300], equal_var=False, alternative="greater")
+    assert hc.welch_t == pytest.approx(ref.statistic) and hc.welch_p == pytest.approx(ref.pvalue)
+    assert hc.welch_df == pytest.approx(4.0)  # equal variances and n: Welch-Satterthwaite gives 2n - 2
+    hop = t.loc["Hopper-v4"]
+    assert hop.ppo_n == 1 and np.isnan(hop.ppo_std) and hop.rgpo_n == 0  # unfinished runs do not count
+    assert t.loc["Ant-v4"].ppo_n == 0
+    md = report.main_returns_md(t.reset_index())
+    assert "400 ± 100 (n=3) / 3006 ± 790" in md and "not run / 709 ± 237" in md and "+100% / -3%" in md
+
+
+def test_kl_table_both_definitions(results):
+    t = report.kl_table(report.load_runs(results))
+    ppo = t[(t.env == "HalfCheetah-v4") & (t.method == "ppo")].iloc[0]
+    assert ppo.n == 3 and ppo.kl_mean == pytest.approx(0.0475) and ppo.kl_max == pytest.approx(0.1)
+    assert ppo.spike_rate == pytest.approx(0.5)  # 0.05 and 0.1 exceed 0.04, in every seed
+    assert ppo.kl_minibatch_max == pytest.approx(0.2) and ppo.kl_final_mean == pytest.approx(0.07125)
+    assert ppo.spike_rate_final == pytest.approx(0.75)  # 1.5 x [0.01, 0.05, 0.03, 0.1]: 3 of 4 above 0.04
+    assert "0.0475 / 0.243" in report.kl_md(t)
+
+
+def test_aggregate_statistics_against_scipy(results):
+    agg = report.aggregate(report.load_runs(results), n_boot=500)
+    # HalfCheetah only (Hopper's RGPO run is unfinished; Hopper PPO alone still normalises its PPO)
+    norm_rgpo = np.array([300, 400, 500]) / 200.0
+    assert agg["iqm"]["rgpo"]["iqm"] == pytest.approx(stats.trim_mean(norm_rgpo, 0.25))
+    lo, hi = agg["iqm"]["rgpo"]["ci95"]
+    assert 1.5 <= lo <= agg["iqm"]["rgpo"]["iqm"] <= hi <= 2.5
+    u = stats.mannwhitneyu([300, 400, 500], [100, 200, 300], alternative="greater").statistic
+    assert agg["prob_improvement"]["value"] == pytest.approx(u / 9) == pytest.approx(8.5 / 9)
+
+
+def test_stratified_bootstrap_resamples_within_groups():
+    groups = [(np.array([1.0, 1.0]),), (np.array([5.0, 5.0, 5.0]),)]
+    lo, hi = report.stratified_bootstrap_ci(
+        groups, lambda gs: float(np.mean([g[0].mean() for g in gs])), n_boot=200
+    )
+    assert lo == hi == 3.0  # each group keeps its own values: the statistic cannot move
+
+
+def test_gates_window_and_report_files(results, tmp_path):
+    gates = report.gates_table(report.load_runs(results)).set_index("gate")
+    assert gates.loc["temperature"].n == 1 and gates.loc["temperature"].window_return == pytest.approx(
+        np.linspace(0, 900, 30)[-20:].mean()
+    )
+    assert gates.loc["clipped_linear"].n == 0
+    out = str(tmp_path / "report")
+    text = report.build_report(results, out, n_boot=200)
+    assert "| main | 48 | 7 | 1 | 40 |" in text  # 7 finished, Hopper RGPO in progress, the rest not started
+    assert "| clipped_linear | 0 | not run / 3181 |" in text
+    for name in ("report.md", "main_returns.csv", "kl_ess.csv", "aggregate.json", "final_returns.png",
+                 "curves_kl.png", "kl_spectrum.png", "gates.png"):  # fmt: skip
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
