@@ -43,10 +43,11 @@ class Args:
     verbose: bool = True
     """print one line per iteration"""
     checkpoint_every: int = 10
-    """save a resumable checkpoint ({output_dir}/{run_name}/checkpoint.pt) every this many iterations (0: never)"""
+    """save a resumable checkpoint every this many iterations (0: never)"""
+    checkpoint_dir: str | None = None
+    """where checkpoint.pt goes (default: the run directory); grid.py keeps checkpoints out of results/"""
     resume: bool = False
-    """continue from {output_dir}/{run_name}/checkpoint.pt if it exists (needs --run-name; refused if the
-    configuration differs)"""
+    """continue from the checkpoint if it exists (needs --run-name; refused if the configuration differs)"""
     keep_checkpoint: bool = False
     """keep checkpoint.pt after the run finished (default: deleted, the results stay)"""
 
@@ -241,6 +242,7 @@ RESUME_FREE_ARGS = {
     "tensorboard",
     "verbose",
     "checkpoint_every",
+    "checkpoint_dir",
     "resume",
     "keep_checkpoint",
 }
@@ -394,7 +396,8 @@ def main(args: Args) -> dict:
     run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.output_dir, run_name)
     os.makedirs(run_dir, exist_ok=True)
-    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    os.makedirs(args.checkpoint_dir or run_dir, exist_ok=True)
+    ckpt_path = os.path.join(args.checkpoint_dir or run_dir, "checkpoint.pt")
     checkpoint = load_checkpoint(ckpt_path, args) if args.resume and os.path.exists(ckpt_path) else None
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         info = run_info()

@@ -7,9 +7,12 @@
 Plays the role of CleanRL's ``cleanrl_utils/benchmark.py`` (whose wheel does not install on Python 3.11).
 Every run is a subprocess of one of the four scripts with one torch thread, writing to
 ``{results}/{suite}/{run}/``: config.json (resolved arguments, machine, package versions, git commit),
-metrics.csv (one row per iteration), final.json (when finished) and, while it runs, checkpoint.pt (every
-10 iterations; deleted at the end). A run with final.json is skipped; any other run is started with
-``--resume`` and continues from its checkpoint, exactly (see the scripts' checkpoint section). Output of a
+metrics.csv (one row per iteration) and final.json (when finished). Checkpoints (every 10 iterations, deleted
+when the run ends) go outside the results, to ``{checkpoints}/{suite}/{run}/checkpoint.pt`` (default
+``$RGPO_TRL_CACHE/grid_checkpoints``, else ``~/.cache/rgpo_trl/grid_checkpoints``), so results stay lean and a
+fresh checkout of the repository on the same machine still finds them. A run with final.json is skipped; any
+other run is started with ``--resume`` and continues from its checkpoint, exactly (see the scripts'
+checkpoint section), or from the start if there is none. Output of a
 run goes to its ``run.log``; a failed run is reported at the end (exit status 1) and retried next time.
 """
 
@@ -44,7 +47,7 @@ class Run:
     def name(self) -> str:
         return f"{self.env_id}__{self.method}__{self.variant}__s{self.seed}__{self.total_timesteps // 1000}k"
 
-    def command(self, output_dir: str) -> list[str]:
+    def command(self, output_dir: str, checkpoint_dir: str) -> list[str]:
         return [
             sys.executable,
             os.path.join(HERE, f"{self.method}_continuous_action.py"),
@@ -54,6 +57,7 @@ class Run:
             "--output-dir", output_dir,
             "--run-name", self.name,
             "--resume",
+            "--checkpoint-dir", checkpoint_dir,
             "--no-tensorboard",
             "--no-verbose",
             *self.flags,
@@ -114,11 +118,22 @@ def progress_of(run_dir: str) -> int:
         return 0
 
 
-def run_suites(runs: list[Run], results: str, jobs: int, poll: float = 2.0) -> list[tuple[Run, int]]:
+def default_checkpoints() -> str:
+    cache = os.environ.get("RGPO_TRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rgpo_trl")
+    return os.path.join(cache, "grid_checkpoints")
+
+
+def run_suites(
+    runs: list[Run], results: str, jobs: int, checkpoints: str | None = None, poll: float = 2.0
+) -> list[tuple[Run, int]]:
     """Run ``runs`` ``jobs`` at a time; returns the failed ones with their exit status."""
     from tqdm import tqdm
 
     run_dir = {r: os.path.join(results, r.suite, r.name) for r in runs}
+    checkpoints = checkpoints or default_checkpoints()
+    command = {
+        r: r.command(os.path.join(results, r.suite), os.path.join(checkpoints, r.suite, r.name)) for r in runs
+    }
     todo = [r for r in runs if not os.path.exists(os.path.join(run_dir[r], "final.json"))]
     total = sum(r.total_timesteps for r in runs)
     print(
@@ -137,11 +152,9 @@ def run_suites(runs: list[Run], results: str, jobs: int, poll: float = 2.0) -> l
                 r = todo.pop(0)
                 os.makedirs(run_dir[r], exist_ok=True)
                 log = open(os.path.join(run_dir[r], "run.log"), "a")
-                log.write(
-                    f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(r.command(os.path.join(results, r.suite)))}\n"
-                )
+                log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[r])}\n")
                 log.flush()
-                proc = subprocess.Popen(r.command(os.path.join(results, r.suite)), stdout=log, stderr=subprocess.STDOUT,
+                proc = subprocess.Popen(command[r], stdout=log, stderr=subprocess.STDOUT,
                                         env=env, cwd=ROOT)  # fmt: skip
                 running[r] = (proc, log)
             time.sleep(poll)
@@ -173,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--results", default=os.path.join(ROOT, "results", "mujoco"), help="results root directory"
     )
+    p.add_argument(
+        "--checkpoints", default=None, help="checkpoint root (default: $RGPO_TRL_CACHE/grid_checkpoints)"
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs side by side (default: cores)")
     p.add_argument("--list", action="store_true", help="list the suites' runs and their state, run nothing")
     args = p.parse_args(argv)
@@ -192,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             state = "done" if os.path.exists(os.path.join(d, "final.json")) else f"{progress_of(d)} steps"
             print(f"{r.suite:8s} {r.name:60s} {state}  flags: {' '.join(r.flags) or '-'}")
         return 0
-    failed = run_suites(runs, args.results, args.jobs)
+    failed = run_suites(runs, args.results, args.jobs, args.checkpoints)
     for r, code in failed:
         print(f"failed: {r.suite}/{r.name} (exit {code})")
     return 1 if failed else 0

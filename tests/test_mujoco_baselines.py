@@ -399,3 +399,58 @@ def test_scripts_share_everything_but_the_method_verbatim():
     assert {"env_id", "hidden_size", "learning_rate", "num_steps", "checkpoint_every", "spike_kl"} <= common
     for name in common:
         assert len({repr(fields[m][name]) for m in METHODS}) == 1, f"Args.{name} differs between the scripts"
+
+
+def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, monkeypatch):
+    """A run interrupted after its first checkpoint is resumed by grid.py and ends with the metrics of an
+    uninterrupted grid.py run; a second grid.py call skips every finished run."""
+    import tyro
+
+    grid = _load_grid()
+    flags = ("--num-steps", "256", "--checkpoint-every", "2")
+    runs = [grid.Run("t", m, "Hopper-v4", 0, 256 * 5, "default", flags) for m in ("ppo", "rgpo")]
+    assert (
+        grid.run_suites(runs, str(tmp_path / "a"), jobs=2, checkpoints=str(tmp_path / "ca"), poll=0.2) == []
+    )
+
+    # interrupt the RGPO run in-process after its first checkpoint, with the runner's own command line
+    module = load("rgpo")
+    results, ckpts = tmp_path / "b", tmp_path / "cb"
+    cmd = runs[1].command(str(results / "t"), str(ckpts / "t" / runs[1].name))
+    real_save = module.save_checkpoint
+
+    def save_then_stop(path, checkpoint):
+        real_save(path, checkpoint)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        module.main(tyro.cli(module.Args, args=cmd[2:]))
+    assert (ckpts / "t" / runs[1].name / "checkpoint.pt").exists()
+    assert len(read_rows(results / "t" / runs[1].name)) == 2
+
+    assert grid.run_suites(runs, str(results), jobs=2, checkpoints=str(ckpts), poll=0.2) == []
+    for run in runs:
+        rows_a, rows_b = read_rows(tmp_path / "a" / "t" / run.name), read_rows(results / "t" / run.name)
+        assert len(rows_a) == len(rows_b) == 5
+        for ra, rb in zip(rows_a, rows_b, strict=True):
+            assert all(
+                ra[k] == rb[k] or (math.isnan(ra[k]) and math.isnan(rb[k]))
+                for k in ra.keys() - TIMING_COLUMNS
+            )
+    final = json.load(open(results / "t" / runs[1].name / "final.json"))
+    assert (
+        final["resumed_at_iterations"] == [2] and not (ckpts / "t" / runs[1].name / "checkpoint.pt").exists()
+    )
+
+    mtimes = {r.name: os.path.getmtime(results / "t" / r.name / "final.json") for r in runs}
+    assert grid.run_suites(runs, str(results), jobs=2, checkpoints=str(ckpts), poll=0.2) == []
+    assert mtimes == {r.name: os.path.getmtime(results / "t" / r.name / "final.json") for r in runs}
+
+
+def _load_grid():
+    spec = importlib.util.spec_from_file_location("grid", os.path.join(ROOT, "mujoco_baselines", "grid.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["grid"] = module
+    spec.loader.exec_module(module)
+    return module
