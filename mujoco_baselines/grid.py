@@ -23,6 +23,7 @@ import csv
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             state = "done" if os.path.exists(os.path.join(d, "final.json")) else f"{progress_of(d)} steps"
             print(f"{r.suite:8s} {r.name:60s} {state}  flags: {' '.join(r.flags) or '-'}")
         return 0
+    # SIGTERM (e.g. `kill`, a session ending) unwinds like Ctrl-C, so the runs in progress are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failed = run_suites(runs, args.results, args.jobs, args.checkpoints)
     for r, code in failed:
         print(f"failed: {r.suite}/{r.name} (exit {code})")
