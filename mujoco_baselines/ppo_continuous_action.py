@@ -463,14 +463,14 @@ def main(args: Args) -> dict:
         commits = list(
             dict.fromkeys([*progress["commits"], info["git_commit"]])
         )  # every commit that ran a part
-        with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
-            rows = [row for row in csv.DictReader(f) if int(row["iteration"]) <= progress["iteration"]]
+        rows = progress["rows"]  # the metrics up to the checkpoint, from the checkpoint itself
         print(f"resumed {run_name} from {ckpt_path} after iteration {progress['iteration']}", flush=True)
     csv_file, csv_writer, final = open(os.path.join(run_dir, "metrics.csv"), "w", newline=""), None, {}
-    if rows:  # the rows up to the checkpoint; later ones are recomputed
+    if rows:  # rewrite the rows up to the checkpoint; later ones are recomputed
         csv_writer = csv.DictWriter(csv_file, fieldnames=list(rows[0]))
         csv_writer.writeheader()
         csv_writer.writerows(rows)
+    rows = list(rows)
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             iter_start = time.perf_counter()
@@ -623,6 +623,7 @@ def main(args: Args) -> dict:
                 csv_writer.writeheader()
             csv_writer.writerow(row)
             csv_file.flush()
+            rows.append(row)
             if writer is not None:
                 _write_tensorboard(writer, row, global_step)
             if args.verbose:
@@ -645,6 +646,7 @@ def main(args: Args) -> dict:
                     "next_done": next_done,
                     "resumed_at": resumed_at,
                     "commits": commits,
+                    "rows": rows,
                 }
                 save_checkpoint(ckpt_path, {
                     "args": checkpoint_args(args), "progress": progress, "rng": rng_state(),
