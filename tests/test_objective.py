@@ -164,7 +164,7 @@ def test_dual_mode_gates_on_the_larger_ratio():
     ref = torch.tensor([[-1.5, -2.1, -0.1, -3.2]])  # log r_ref = [0.5, 0.1, -0.4, 0.2]
     adv = torch.tensor([[1.0]])
     gate = make_gate("sigmoid", k=5.0)
-    log_r = log_ratios(logps, old, ref, ratio_mode="dual")[2]
+    log_r = log_ratios(logps, old, ref, ratio_mode="dual").gated
     expected_log_r = torch.tensor([[0.5, 0.1, 0.0, 0.5]])
     torch.testing.assert_close(log_r.detach(), expected_log_r)
     torch.testing.assert_close(gate.g(log_r).detach(), torch.sigmoid(5 * (expected_log_r.exp() - 1)))
@@ -173,9 +173,11 @@ def test_dual_mode_gates_on_the_larger_ratio():
     assert diag["ratio_ref_max"].item() == pytest.approx(float(torch.exp(torch.tensor(0.5))))
     # ref and old modes pick their own ratio
     torch.testing.assert_close(
-        log_ratios(logps, old, ref, ratio_mode="ref")[2].detach(), (logps - ref).detach()
+        log_ratios(logps, old, ref, ratio_mode="ref").gated.detach(), (logps - ref).detach()
     )
-    torch.testing.assert_close(log_ratios(logps, old, ratio_mode="old")[2].detach(), (logps - old).detach())
+    torch.testing.assert_close(
+        log_ratios(logps, old, ratio_mode="old").gated.detach(), (logps - old).detach()
+    )
 
 
 def test_masked_per_token_loss_and_normalizer():

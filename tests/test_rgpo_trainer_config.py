@@ -102,16 +102,20 @@ def test_make_gate_uses_gate_params(tmp_path, gate, gate_params, params):
         ({"beta": 0.0}, "beta"),  # with the default ratio_mode="dual"
         ({"beta": 0.0, "ratio_mode": "ref"}, "beta"),
         ({"num_iterations": 0}, "num_iterations"),
-        ({"loss_type": "grpo"}, "loss_type"),
-        ({"loss_type": "bnpo"}, "loss_type"),
+        (
+            {"loss_type": "cispo"},
+            "loss_type='cispo' is not supported by RGPOTrainer \\(it is a surrogate loss",
+        ),
+        ({"loss_type": "sapo"}, "loss_type='sapo' .*replaces the gate"),
+        ({"loss_type": "vespo"}, "loss_type='vespo' .*replaces the gate"),
+        ({"loss_type": "luspo"}, "loss_type='luspo' .*replaces the gate"),
+        ({"loss_type": "nope"}, "loss_type='nope' .*unknown"),
+        ({"epsilon": 0.3}, "epsilon=0.3 is not supported by RGPOTrainer: GRPO's clipping range"),
+        ({"epsilon_high": 0.28}, "epsilon_high=0.28 is not supported"),
+        ({"sapo_temperature_pos": 2.0}, "sapo_temperature_pos=2.0 .*only loss_type='sapo' reads it"),
+        ({"vespo_k_pos": 1.0}, "vespo_k_pos=1.0 .*only loss_type='vespo' reads it"),
         ({"importance_sampling_level": "batch"}, "importance_sampling_level"),
-        ({"delta": 1.5}, "delta"),
-        ({"use_bias_correction_kl": True}, "use_bias_correction_kl"),
-        ({"off_policy_mask_threshold": 0.5}, "off_policy_mask_threshold"),
-        ({"top_entropy_quantile": 0.2}, "top_entropy_quantile"),
-        ({"entropy_coef": 0.01}, "entropy_coef"),
-        ({"use_adaptive_entropy": True}, "use_adaptive_entropy"),
-        ({"use_vllm": True}, "vllm_importance_sampling_correction"),
+        ({"delta": 1.5}, "delta=1.5 is not supported by RGPOTrainer: two-sided clipping"),
     ],
 )
 def test_invalid_or_contradictory_values_raise_naming_the_field(tmp_path, kwargs, field):
@@ -158,3 +162,23 @@ def test_command_line_parsing(tmp_path):
         HfArgumentParser(RGPOConfig).parse_args_into_dataclasses(
             ["--output_dir", str(tmp_path), "--ratio_mode", "both"]
         )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"loss_type": "grpo"},
+        {"loss_type": "bnpo"},
+        {"loss_type": "dr_grpo"},
+        {"use_bias_correction_kl": True},
+        {"off_policy_mask_threshold": 0.5},
+        {"top_entropy_quantile": 0.2},
+        {"entropy_coef": 0.01},
+        {"use_adaptive_entropy": True},
+        {"use_vllm": True, "vllm_importance_sampling_correction": True},
+        {"epsilon_high": 0.2},  # equal to epsilon: GRPOConfig's own default, not a change
+    ],
+)
+def test_grpo_options_orthogonal_to_the_gate_are_accepted(tmp_path, kwargs):
+    config = make(tmp_path, **kwargs)
+    assert all(getattr(config, k) == v for k, v in kwargs.items())

@@ -24,6 +24,8 @@ from .kl_control import (
 )
 from .objective import (
     RATIO_MODES,
+    LogRatios,
+    RGPOTerms,
     effective_sample_size,
     ess_from_moments,
     kl_old_estimate,
@@ -33,6 +35,7 @@ from .objective import (
     masked_mean,
     rgpo_diagnostics,
     rgpo_loss,
+    rgpo_terms,
 )
 
 __all__ = [
@@ -40,6 +43,8 @@ __all__ = [
     "KL_CONTROLLERS",
     "LOG_RATIO_CLAMP",
     "RATIO_MODES",
+    "LogRatios",
+    "RGPOTerms",
     "AdaptiveKLController",
     "FixedKLController",
     "Gate",
@@ -60,4 +65,5 @@ __all__ = [
     "register_kl_controller",
     "rgpo_diagnostics",
     "rgpo_loss",
+    "rgpo_terms",
 ]

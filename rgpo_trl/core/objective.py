@@ -9,6 +9,8 @@ the k3 estimator that TRL's GRPOTrainer uses for its ``beta`` term. Inputs are p
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .gates import Gate, clamp_log_ratio
@@ -64,25 +66,67 @@ def effective_sample_size(
     return ess_from_moments(masked_mean(w, mask, dim), masked_mean(w * w, mask, dim)).float()
 
 
+class LogRatios(NamedTuple):
+    old: torch.Tensor  # clamped log r_old per element, with gradient
+    ref: torch.Tensor | None  # clamped log r_ref per element (None without ref_logps)
+    gated: torch.Tensor  # log of the ratio the gate sees (one per sequence with a sequence_mask)
+    ref_is_larger: torch.Tensor | None  # dual mode: 1 where the reference ratio is the larger one
+
+
 def log_ratios(
     logps: torch.Tensor,
     old_logps: torch.Tensor | None,
     ref_logps: torch.Tensor | None = None,
     ratio_mode: str = "old",
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Clamped (log r_old, log r_ref, log r of the gated ratio). ``old_logps=None`` means on-policy
-    (log r_old = 0 with the gradient of log pi kept, as TRL does when a batch is not reused)."""
+    sequence_mask: torch.Tensor | None = None,
+) -> LogRatios:
+    """Clamped log-ratios to pi_old and pi_ref, and the one the gate sees. ``old_logps=None`` means on-policy
+    (log r_old = 0 with the gradient of log pi kept, as TRL does when a batch is not reused). With
+    ``sequence_mask`` ``(B, T)`` the gate sees per-sequence ratios exp(masked mean_t log r_t), shape ``(B, 1)``
+    (GSPO's sequence-level importance sampling); the KL terms stay per element."""
     check_ratio_mode(ratio_mode)
     if ratio_mode != "old" and ref_logps is None:
         raise ValueError(f"ratio_mode={ratio_mode!r} needs ref_logps (the reference model's log-probs)")
     log_r_old = clamp_log_ratio(logps - (logps if old_logps is None else old_logps).detach())
     log_r_ref = None if ref_logps is None else clamp_log_ratio(logps - ref_logps.detach())
+    gated_old, gated_ref = log_r_old, log_r_ref
+    if sequence_mask is not None:
+        gated_old = masked_mean(log_r_old, sequence_mask, dim=-1)[..., None]
+        gated_ref = None if log_r_ref is None else masked_mean(log_r_ref, sequence_mask, dim=-1)[..., None]
     if ratio_mode == "old":
-        return log_r_old, log_r_ref, log_r_old
+        return LogRatios(log_r_old, log_r_ref, gated_old, None)
     if ratio_mode == "ref":
-        return log_r_old, log_r_ref, log_r_ref
+        return LogRatios(log_r_old, log_r_ref, gated_ref, None)
     # max(r_old, r_ref): the gradient flows through the larger one; both share d log pi.
-    return log_r_old, log_r_ref, torch.maximum(log_r_old, log_r_ref)
+    return LogRatios(
+        log_r_old, log_r_ref, torch.maximum(gated_old, gated_ref), (gated_ref > gated_old).detach()
+    )
+
+
+class RGPOTerms(NamedTuple):
+    """The per-element pieces of the RGPO loss, for callers that weight or mask them separately (the trainer's
+    GRPO options): loss = mean(policy + kl_coef * kl_old + ref_kl_coef * kl_ref)."""
+
+    policy: torch.Tensor  # -g(r) A, the gated advantage term
+    kl_old: torch.Tensor  # KLhat_old = r_old - 1 - log r_old
+    kl_ref: torch.Tensor | None  # k3 KL to the reference
+    log_ratios: LogRatios
+
+
+def rgpo_terms(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    gate: Gate,
+    *,
+    ref_logps: torch.Tensor | None = None,
+    ratio_mode: str = "old",
+    sequence_mask: torch.Tensor | None = None,
+) -> RGPOTerms:
+    """The gated advantage term and the two KL terms per element (arguments as `rgpo_loss`)."""
+    lr = log_ratios(logps, old_logps, ref_logps, ratio_mode, sequence_mask)
+    kl_ref = None if lr.ref is None else kl_ref_estimate(lr.ref)
+    return RGPOTerms(-gate.g(lr.gated) * advantages, kl_old_estimate(lr.old), kl_ref, lr)
 
 
 def rgpo_loss(
@@ -117,10 +161,10 @@ def rgpo_loss(
     """
     if ref_kl_coef and ref_logps is None:
         raise ValueError("ref_kl_coef > 0 needs ref_logps (the reference model's log-probs)")
-    log_r_old, log_r_ref, log_r = log_ratios(logps, old_logps, ref_logps, ratio_mode)
-    per_element = -gate.g(log_r) * advantages + kl_coef * kl_old_estimate(log_r_old)
+    terms = rgpo_terms(logps, old_logps, advantages, gate, ref_logps=ref_logps, ratio_mode=ratio_mode)
+    per_element = terms.policy + kl_coef * terms.kl_old
     if ref_kl_coef:
-        per_element = per_element + ref_kl_coef * kl_ref_estimate(log_r_ref)
+        per_element = per_element + ref_kl_coef * terms.kl_ref
     if normalizer is None:
         loss = masked_mean(per_element, mask)
     else:
@@ -142,6 +186,7 @@ def rgpo_diagnostics(
     ratio_mode: str = "old",
     mask: torch.Tensor | None = None,
     dim: int | None = None,
+    sequence_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Diagnostics of the RGPO loss, reduced over all valid elements or over ``dim`` only.
 
@@ -153,23 +198,23 @@ def rgpo_diagnostics(
     ``ratio_old_max``; with ``ref_logps`` also ``kl_ref``, ``ratio_ref_mean``, ``ratio_ref_max``, and in
     dual mode ``ref_ratio_larger_frac``. Maxima over nothing are -inf, ESS of nothing 0.
     """
-    log_r_old, log_r_ref, log_r = log_ratios(logps.detach(), old_logps, ref_logps, ratio_mode)
-    g, w, r_old = gate.g(log_r), gate.w(log_r), torch.exp(log_r_old)
+    lr = log_ratios(logps.detach(), old_logps, ref_logps, ratio_mode, sequence_mask)
+    g, w, r_old = gate.g(lr.gated), gate.w(lr.gated), torch.exp(lr.old)
     out = {
         "gate_mean": masked_mean(g, mask, dim),
         "weight_mean": masked_mean(w, mask, dim),
         "weight_sq_mean": masked_mean(w * w, mask, dim),
-        "kl_old": masked_mean(kl_old_estimate(log_r_old), mask, dim),
+        "kl_old": masked_mean(kl_old_estimate(lr.old), mask, dim),
         "rejected_frac": masked_mean((g < 0.1).to(g.dtype), mask, dim),
         "ratio_old_mean": masked_mean(r_old, mask, dim),
         "ratio_old_max": masked_max(r_old, mask, dim),
     }
     out["ess"] = ess_from_moments(out["weight_mean"], out["weight_sq_mean"])
-    if log_r_ref is not None:
-        r_ref = torch.exp(log_r_ref)
-        out["kl_ref"] = masked_mean(kl_ref_estimate(log_r_ref), mask, dim)
+    if lr.ref is not None:
+        r_ref = torch.exp(lr.ref)
+        out["kl_ref"] = masked_mean(kl_ref_estimate(lr.ref), mask, dim)
         out["ratio_ref_mean"] = masked_mean(r_ref, mask, dim)
         out["ratio_ref_max"] = masked_max(r_ref, mask, dim)
-        if ratio_mode == "dual":
-            out["ref_ratio_larger_frac"] = masked_mean((log_r_ref > log_r_old).to(g.dtype), mask, dim)
+    if lr.ref_is_larger is not None:
+        out["ref_ratio_larger_frac"] = masked_mean(lr.ref_is_larger.to(g.dtype), mask, dim)
     return out

@@ -9,16 +9,19 @@ defaults change meaning or value: ``beta`` is the fixed KL-to-reference coeffici
 needed for the ``ref`` / ``dual`` ratio modes) and ``num_iterations`` defaults to 2, so that each generation
 batch is reused and the ratio to pi_old is not identically 1.
 
-GRPOConfig options that the RGPO loss does not honour (another ``loss_type``, two-sided ``delta`` clipping,
-the entropy bonus / mask, the off-policy mask, bias-corrected KL, vLLM importance-sampling correction) are
-refused at construction with a ``ValueError`` that names the field, rather than silently ignored.
+GRPO options orthogonal to the surrogate work as in GRPOTrainer: the ``loss_type`` aggregations ``grpo``,
+``bnpo``, ``dr_grpo`` and ``dapo``, the entropy bonus (static and adaptive), the top-entropy-quantile token mask,
+the off-policy sequence mask, the bias-corrected KL to the reference and the vLLM importance-sampling
+correction (`SUPPORTED_GRPO_OPTIONS`). Options that would replace the gate (``cispo``, ``sapo``, ``vespo``,
+``luspo``, two-sided ``delta`` clipping, GRPO's clipping range ``epsilon``) or that only such a loss reads are
+refused at construction with a ``ValueError`` naming the field, rather than silently ignored.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from trl import GRPOConfig
@@ -34,6 +37,32 @@ from ..core import (
     make_kl_controller,
 )
 
+AGGREGATIONS = ("dapo", "grpo", "bnpo", "dr_grpo")
+GATE_REPLACING = ("cispo", "sapo", "vespo", "luspo")
+# GRPOConfig fields that RGPO refuses when set away from their default, and why.
+REFUSED_IF_SET = {
+    "delta": "two-sided clipping is a PPO/GRPO mechanism; RGPO gates instead (see `gate`)",
+    "epsilon": "GRPO's clipping range is not used by the RGPO loss, which gates instead (see `gate`, `gate_params`)",
+    "epsilon_high": "GRPO's upper clipping range is not used by the RGPO loss, which gates instead",
+    "sapo_temperature_pos": "only loss_type='sapo' reads it, a surrogate RGPO replaces",
+    "sapo_temperature_neg": "only loss_type='sapo' reads it, a surrogate RGPO replaces",
+    "vespo_k_pos": "only loss_type='vespo' reads it, a surrogate RGPO replaces",
+    "vespo_lambda_pos": "only loss_type='vespo' reads it, a surrogate RGPO replaces",
+    "vespo_k_neg": "only loss_type='vespo' reads it, a surrogate RGPO replaces",
+    "vespo_lambda_neg": "only loss_type='vespo' reads it, a surrogate RGPO replaces",
+}
+# GRPOConfig options that act on the RGPO loss as GRPOTrainer applies them to its own (README table).
+SUPPORTED_GRPO_OPTIONS = (
+    "loss_type",
+    "importance_sampling_level",
+    "entropy_coef",
+    "use_adaptive_entropy",
+    "top_entropy_quantile",
+    "off_policy_mask_threshold",
+    "use_bias_correction_kl",
+    "vllm_importance_sampling_correction",
+)
+
 
 @dataclass
 class RGPOConfig(GRPOConfig):
@@ -46,8 +75,8 @@ class RGPOConfig(GRPOConfig):
 
     with r = r_old = pi/pi_old (``ratio_mode="old"``), r_ref = pi/pi_ref (``"ref"``) or max(r_old, r_ref)
     (``"dual"``, the paper's RLHF default), summed over the completion tokens of the whole accumulated batch
-    across processes and divided by their number (TRL's ``"dapo"`` normalisation, the only ``loss_type``
-    accepted).
+    across processes and divided by their number (TRL's ``"dapo"`` normalisation; ``grpo``, ``bnpo`` and
+    ``dr_grpo`` aggregate as GRPOTrainer does).
 
     Parameters (new or with a new default):
         gate (`str`, defaults to `"sigmoid"`): acceptance gate g, any name registered with
@@ -62,7 +91,7 @@ class RGPOConfig(GRPOConfig):
         kl_coef_min (`float`, defaults to `0.01`), kl_coef_max (`float`, defaults to `5.0`): bounds.
         beta (`float`, defaults to `0.05`): fixed KL-to-reference coefficient beta_ref.
         num_iterations (`int`, defaults to `2`): optimisation passes over each generation batch.
-        loss_type (`str`, defaults to `"dapo"`): loss aggregation; only `"dapo"` is supported.
+        loss_type (`str`, defaults to `"dapo"`): loss aggregation: `dapo`, `grpo`, `bnpo` or `dr_grpo`.
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["gate_params"]
@@ -144,18 +173,20 @@ class RGPOConfig(GRPOConfig):
     use_bias_correction_kl: bool = field(
         default=False,
         metadata={
-            "help": "Must be False (GRPOConfig defaults to True): the RGPO KL-to-reference term is the plain k3 "
-            "estimator of paper Eq. rgpo_rlhf (GRPO's `beta` term without the importance-ratio factor)."
+            "help": "Multiply the k3 KL-to-reference term by the importance ratio to pi_old, as GRPOTrainer's "
+            "option does. RGPO defaults to False (GRPOConfig: True): the paper's Eq. rgpo_rlhf uses the plain k3."
         },
     )
     loss_type: str = field(
         default="dapo",
         metadata={
-            "help": "Aggregation of the per-token RGPO loss. Only 'dapo' is supported: the sum over the "
-            "completion tokens of the whole accumulated batch on all processes, divided by their number "
-            "(`num_items_in_batch`). This is the paper's mean over the mini-batch (one optimiser step), "
-            "has no per-sequence length bias, and makes gradient accumulation exact (2 x batch b gives the "
-            "same update as 1 x batch 2b), which GRPO's per-sequence mean ('grpo') and the local 'bnpo' do not."
+            "help": "Aggregation of the per-token RGPO loss, as GRPOTrainer aggregates its own: 'dapo' (default) "
+            "sums over the completion tokens of the whole accumulated batch on all processes and divides by their "
+            "number, the paper's mini-batch mean, without length bias and exact under gradient accumulation "
+            "(2 x batch b = 1 x batch 2b); 'grpo' averages each sequence, then the sequences; 'bnpo' averages the "
+            "micro-batch's tokens; 'dr_grpo' divides the sum by sequences x max_completion_length. The surrogate "
+            "loss types 'cispo', 'sapo', 'vespo' and 'luspo' replace the gate and are refused.",
+            "choices": ["dapo", "grpo", "bnpo", "dr_grpo"],
         },
     )
 
@@ -199,45 +230,30 @@ class RGPOConfig(GRPOConfig):
             or self.num_iterations < 1
         ):
             raise ValueError(f"num_iterations must be an integer >= 1, got {self.num_iterations!r}")
-        if self.loss_type != "dapo":
+        if self.loss_type not in AGGREGATIONS:
+            why = (
+                "it is a surrogate loss that replaces the gate"
+                if self.loss_type in GATE_REPLACING
+                else "unknown"
+            )
             raise ValueError(
-                f"loss_type={self.loss_type!r} is not supported by RGPO: the RGPO loss is aggregated over the "
-                "completion tokens of the whole accumulated batch (TRL's 'dapo' normalisation). Use loss_type='dapo'."
+                f"loss_type={self.loss_type!r} is not supported by RGPOTrainer ({why}); RGPO's loss_type chooses "
+                f"how its per-token loss is aggregated: one of {list(AGGREGATIONS)}."
             )
         if self.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(
                 "importance_sampling_level must be 'token' or 'sequence', got "
                 f"{self.importance_sampling_level!r}"
             )
-        # GRPO options that the RGPO loss does not implement: refuse instead of silently ignoring them.
-        unsupported = {
-            "delta": (
-                self.delta is not None,
-                "two-sided clipping is a PPO/GRPO mechanism; RGPO gates instead",
-            ),
-            "use_bias_correction_kl": (
-                self.use_bias_correction_kl,
-                "the RGPO KL-to-reference term is plain k3",
-            ),
-            "off_policy_mask_threshold": (
-                self.off_policy_mask_threshold is not None,
-                "not implemented in RGPO",
-            ),
-            "top_entropy_quantile": (self.top_entropy_quantile != 1.0, "the entropy mask is not implemented"),
-            "entropy_coef": (self.entropy_coef != 0.0, "the entropy bonus is not implemented in RGPO"),
-            "use_adaptive_entropy": (
-                self.use_adaptive_entropy,
-                "the entropy bonus is not implemented in RGPO",
-            ),
-            "vllm_importance_sampling_correction": (
-                self.use_vllm and self.vllm_importance_sampling_correction,
-                "the vLLM sampler importance-sampling correction is not implemented in the RGPO loss; set it "
-                "to False (r_old is still computed against the training model's log-probs)",
-            ),
-        }
-        for name, (bad, why) in unsupported.items():
-            if bad:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not supported by RGPOTrainer: {why}.")
+        # GRPO options that would change or replace the gate, or that only such a loss reads: refused, never ignored.
+        defaults = {f.name: f.default for f in fields(GRPOConfig) if f.name in REFUSED_IF_SET}
+        for name, why in REFUSED_IF_SET.items():
+            value = getattr(self, name)
+            if value != defaults[name] and not (name == "epsilon_high" and value == self.epsilon):
+                raise ValueError(
+                    f"{name}={value!r} is not supported by RGPOTrainer: {why}. Leave it at its default "
+                    f"({defaults[name]!r})."
+                )
 
     def make_gate(self) -> Gate:
         """The `Gate` named by ``gate`` with ``gate_params``."""

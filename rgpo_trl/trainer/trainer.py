@@ -11,6 +11,11 @@ with the gate, the ratio mode (``old`` / ``ref`` / ``dual`` = max(r_old, r_ref))
 coefficient and the fixed KL-to-reference coefficient ``beta``. It adds no forward pass to what GRPO makes
 with ``beta > 0`` and ``num_iterations > 1``.
 
+GRPO's options that are orthogonal to the surrogate (the ``loss_type`` aggregations, the entropy bonus, the
+entropy and off-policy masks, the bias-corrected KL, the vLLM importance-sampling correction) are applied to
+the RGPO terms where GRPOTrainer applies them to its own surrogate (`rgpo_trl.rgpo_terms` gives the terms
+separately); the options that would replace the gate are refused by `RGPOConfig`.
+
 The other additions are the adaptive KL-to-old controller (paper Eq. beta_update) and its bookkeeping. One
 RGPO *iteration* is one generation batch and all its reuse (``num_iterations * steps_per_generation``
 micro-batches). Every training micro-batch adds the globally reduced (all processes) sum of
@@ -32,15 +37,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from ..core import ess_from_moments, masked_mean, rgpo_loss
+from ..core import ess_from_moments, masked_mean, rgpo_diagnostics, rgpo_terms
 from .config import RGPOConfig, micro_batches_per_iteration
 
 KL_CONTROLLER_FILE = "rgpo_kl_controller.json"
-
-
-def _sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked mean over the completion tokens of each sequence, broadcast back to ``(B, T)``."""
-    return masked_mean(x, mask, dim=-1)[:, None].expand_as(x)
 
 
 class RGPOTrainer(GRPOTrainer):
@@ -178,80 +178,56 @@ class RGPOTrainer(GRPOTrainer):
             image_position_ids=inputs.get("image_position_ids"),
         )
         mask = mask.to(per_token_logps.dtype)
-
+        mode = "train" if self.model.training else "eval"
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
-        # None when GRPOTrainer does not reuse the batch: on-policy, r_old == 1 (rgpo_loss handles None).
+        # None when GRPOTrainer does not reuse the batch: on-policy, r_old == 1 (the core handles None).
         old_logps = inputs.get("old_per_token_logps")
         ref_logps = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
+        sequence_mask = mask if self.importance_sampling_level == "sequence" else None
+        terms = rgpo_terms(
+            per_token_logps,
+            old_logps,
+            advantages,
+            self.gate,
+            ref_logps=ref_logps,
+            ratio_mode=self.ratio_mode,
+            sequence_mask=sequence_mask,
+        )
 
-        mode = "train" if self.model.training else "eval"
-        # TRL's "dapo" normaliser: `num_items_in_batch` counts the completion tokens of the whole generation
-        # batch on all processes; rescaled to one optimizer step (accumulation window) and divided by the
-        # number of processes because DDP averages gradients. Summed over micro-batches and processes, the
-        # gradient is that of (sum over the step's tokens) / (number of the step's tokens).
-        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-        if mode == "train":
-            normalizer = (
-                normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        # GRPO's options act on the gated advantage term, where GRPOTrainer applies them to its surrogate.
+        policy, entropy_mask = terms.policy, None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            policy = policy * entropy_mask
+        if self.off_policy_mask_threshold is not None:
+            behaviour = per_token_logps.detach() if old_logps is None else old_logps
+            policy = policy * self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", behaviour),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
             )
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            policy = policy * inputs["importance_sampling_ratio"]
+        per_token_loss = policy + self.kl_ctl.kl_coef * terms.kl_old
+        if ref_logps is not None:
+            kl_ref = terms.kl_ref
+            if self.args.use_bias_correction_kl:  # TRL's correction: k3 times the importance ratio to pi_old
+                log_r = terms.log_ratios.old
+                kl_ref = kl_ref * torch.exp(
+                    log_r if sequence_mask is None else masked_mean(log_r, mask, -1)[:, None]
+                )
+            per_token_loss = per_token_loss + self.beta * kl_ref
+        loss = self._aggregate(per_token_loss, mask, inputs, mode)
 
-        common = {
-            "ref_logps": ref_logps,
-            "ratio_mode": self.ratio_mode,
-            "mask": mask,
-            "normalizer": normalizer,
-        }
-        if self.importance_sampling_level == "token":
-            loss, diag = rgpo_loss(
-                per_token_logps,
-                old_logps,
-                advantages,
-                self.gate,
-                kl_coef=self.kl_ctl.kl_coef,
-                ref_kl_coef=self.beta,
-                **common,
+        if self._entropy_bonus_enabled:
+            loss = loss - self._entropy_bonus(
+                entropies, mask if entropy_mask is None else mask * entropy_mask, mode
             )
-        elif self.importance_sampling_level == "sequence":
-            # Gate on the sequence-level ratios exp(mean_t log r_t) (GSPO's definition); both KL penalties stay
-            # per token. Two calls to the library loss: the gated advantage term on per-sequence log-prob means
-            # (broadcast over the tokens), and the KL terms on the per-token log-probs with zero advantages.
-            seq_loss, seq_diag = rgpo_loss(
-                _sequence_mean(per_token_logps, mask),
-                None if old_logps is None else _sequence_mean(old_logps, mask),
-                advantages,
-                self.gate,
-                kl_coef=0.0,
-                ref_kl_coef=0.0,
-                **{**common, "ref_logps": None if ref_logps is None else _sequence_mean(ref_logps, mask)},
-            )
-            kl_loss, diag = rgpo_loss(
-                per_token_logps,
-                old_logps,
-                torch.zeros_like(advantages),
-                self.gate,
-                kl_coef=self.kl_ctl.kl_coef,
-                ref_kl_coef=self.beta,
-                **common,
-            )
-            loss = seq_loss + kl_loss
-            for key in (
-                "gate_mean",
-                "weight_mean",
-                "weight_sq_mean",
-                "ess",
-                "rejected_frac",
-                "ref_ratio_larger_frac",
-            ):
-                if key in seq_diag:
-                    diag[key] = seq_diag[key]
-        else:
-            raise ValueError(
-                f"importance_sampling_level must be 'token' or 'sequence', got {self.importance_sampling_level!r}"
-            )
-
-        # The loss above is already scaled for gradient accumulation (normaliser); scale the MoE aux loss too.
+        # The loss above is already scaled for gradient accumulation; scale the MoE aux loss too.
         if self.aux_loss_enabled:
             accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
@@ -259,8 +235,67 @@ class RGPOTrainer(GRPOTrainer):
                 self.accelerator.gather_for_metrics(aux_loss).mean().item()
             )
 
+        diag = rgpo_diagnostics(
+            per_token_logps,
+            old_logps,
+            self.gate,
+            ref_logps=ref_logps,
+            ratio_mode=self.ratio_mode,
+            mask=mask,
+            sequence_mask=sequence_mask,
+        )
         self._log_rgpo_metrics(mode, diag, entropies, mask)
         return loss
+
+    def _aggregate(self, per_token_loss, mask, inputs, mode) -> torch.Tensor:
+        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type``."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if self.loss_type == "grpo":  # mean over each sequence's tokens, then over sequences
+            return masked_mean(per_token_loss, mask, dim=-1).mean() / accumulation
+        if self.loss_type == "bnpo":  # mean over the micro-batch's tokens
+            return masked_mean(per_token_loss, mask) / accumulation
+        if self.loss_type == "dr_grpo":  # sum / (sequences x max_completion_length)
+            return (
+                (per_token_loss * mask).sum()
+                / (per_token_loss.size(0) * self.max_completion_length)
+                / accumulation
+            )
+        # "dapo": sum over the completion tokens of the whole accumulated batch on all processes / their number.
+        # `num_items_in_batch` spans the generation batch: rescaled to one optimizer step and divided by the
+        # number of processes because DDP averages gradients.
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":
+            normalizer = (
+                normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            )
+        return (per_token_loss * mask).sum() / normalizer
+
+    def _entropy_bonus(self, entropies, effective_mask, mode) -> torch.Tensor:
+        """GRPOTrainer's entropy bonus ``coef * H`` (H: mean entropy of the tokens the policy term acts on), static
+        or adaptive, with its controller updated at optimizer-step boundaries from the window-global entropy."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        entropy = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
+        if self.use_adaptive_entropy:
+            coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
+        else:
+            coef = self.entropy_coef
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+            window = stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
+            self._entropy_window_stats = window
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(window, reduction="sum")
+                world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                step = self.args.entropy_coef_delta
+                if world_entropy <= self.args.entropy_target:
+                    self.entropy_coef = min(self.entropy_coef + step, self.args.entropy_coef_max)
+                else:
+                    self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
+                self._last_world_entropy = world_entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return coef * entropy
 
     @torch.no_grad()
     def _log_rgpo_metrics(self, mode, diag, entropies, mask) -> None:
