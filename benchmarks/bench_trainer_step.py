@@ -40,7 +40,7 @@ from transformers import PrinterCallback, set_seed  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rgpo_trl import RGPOConfig, RGPOTrainer  # noqa: E402
+from rgpo_trl import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer  # noqa: E402
 from rgpo_trl.testing import base_args, save_tiny_model, tiny_dataset, tiny_tokenizer, vowel_reward  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -61,6 +61,8 @@ def build(kind: str, model_dir: str, output_dir: str, steps: int, completion_len
     )
     if kind == "rgpo":
         args, cls = RGPOConfig(**common), RGPOTrainer
+    elif kind == "ppo":
+        args, cls = PPORLHFConfig(**common), PPORLHFTrainer
     else:
         args, cls = trl.GRPOConfig(loss_type="grpo", **common), trl.GRPOTrainer
     return cls(
@@ -70,7 +72,13 @@ def build(kind: str, model_dir: str, output_dir: str, steps: int, completion_len
 
 def instrument(trainer) -> dict:
     """Count model forward passes (all, and those made while scoring) and time compute_loss."""
-    counts = {"forward_total": 0, "forward_scoring": 0, "scoring_calls": 0, "compute_loss_s": []}
+    counts = {
+        "forward_total": 0,
+        "forward_scoring": 0,
+        "forward_value": 0,
+        "scoring_calls": 0,
+        "compute_loss_s": [],
+    }
     state = {"scoring": False}
     models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
 
@@ -81,6 +89,12 @@ def instrument(trainer) -> dict:
 
     for model in models:
         model.register_forward_pre_hook(hook, with_kwargs=True)
+    if hasattr(trainer.model, "value_model"):  # PPO-RLHF's value model, a submodule of the policy
+
+        def value_hook(module, args, kwargs):
+            counts["forward_value"] += 1
+
+        trainer.model.value_model.register_forward_pre_hook(value_hook, with_kwargs=True)
 
     scoring = trainer._get_per_token_logps_and_entropies
 
@@ -123,6 +137,7 @@ def run_once(kind, model_dir, steps, completion_length, warmup_steps):
         "forward_scoring_per_step": counts["forward_scoring"] / steps,
         "forward_total_per_step": counts["forward_total"] / steps,
         "scoring_calls_per_step": counts["scoring_calls"] / steps,
+        "forward_value_per_step": counts["forward_value"] / steps,
     }
 
 
@@ -138,6 +153,12 @@ def main() -> None:
     parser.add_argument("--completion-length", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--candidate",
+        choices=["rgpo", "ppo"],
+        default="rgpo",
+        help="trainer compared with GRPOTrainer: RGPOTrainer (writes trainer_step.*) or PPORLHFTrainer (ppo_step.*)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warmup_steps = 2  # the first iteration (one generation batch, two passes)
@@ -146,7 +167,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as model_dir:
         save_tiny_model(model_dir, hidden=args.hidden)
         for repeat in range(args.repeats):
-            order = ("rgpo", "grpo") if repeat % 2 == 0 else ("grpo", "rgpo")
+            order = (args.candidate, "grpo") if repeat % 2 == 0 else ("grpo", args.candidate)
             for kind in order:
                 row = run_once(kind, model_dir, args.steps, args.completion_length, warmup_steps)
                 row["repeat"] = repeat
@@ -155,10 +176,11 @@ def main() -> None:
 
     by = {(r["repeat"], r["kind"]): r for r in rows}
     step_ratios = [
-        by[(i, "rgpo")]["step_time_mean_s"] / by[(i, "grpo")]["step_time_mean_s"] for i in range(args.repeats)
+        by[(i, args.candidate)]["step_time_mean_s"] / by[(i, "grpo")]["step_time_mean_s"]
+        for i in range(args.repeats)
     ]
     loss_ratios = [
-        by[(i, "rgpo")]["compute_loss_mean_s"] / by[(i, "grpo")]["compute_loss_mean_s"]
+        by[(i, args.candidate)]["compute_loss_mean_s"] / by[(i, "grpo")]["compute_loss_mean_s"]
         for i in range(args.repeats)
     ]
 
@@ -179,15 +201,16 @@ def main() -> None:
                     "forward_scoring_per_step",
                     "forward_total_per_step",
                     "scoring_calls_per_step",
+                    "forward_value_per_step",
                 )
             }
-            for kind in ("rgpo", "grpo")
+            for kind in (args.candidate, "grpo")
         },
     }
     command = (
         f"OMP_NUM_THREADS={args.threads} python benchmarks/bench_trainer_step.py --repeats {args.repeats} "
         f"--steps {args.steps} --hidden {args.hidden} --completion-length {args.completion_length} "
-        f"--threads {args.threads}"
+        f"--threads {args.threads}" + (" --candidate ppo" if args.candidate == "ppo" else "")
     )
     env = {
         "python": platform.python_version(),
@@ -206,33 +229,37 @@ def main() -> None:
         "num_iterations": 2,
         "grpo_loss_type": "grpo",
         "rgpo": "sigmoid k=5, ratio_mode dual, adaptive KL-to-old, loss_type dapo",
+        "ppo": "PPO-RLHF: value model (copy of the policy backbone), GAE, clipped surrogate and value loss",
+        "candidate": args.candidate,
         "steps_per_run": args.steps,
         "warmup_steps_discarded": warmup_steps,
         "repeats": args.repeats,
     }
+    stem = "trainer_step" if args.candidate == "rgpo" else "ppo_step"
+    label = {"rgpo": "RGPOTrainer", "ppo": "PPORLHFTrainer"}[args.candidate]
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "trainer_step.csv", "w", newline="") as f:
+    with open(args.out / f"{stem}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         writer.writeheader()
         writer.writerows(rows)
-    (args.out / "trainer_step.json").write_text(
+    (args.out / f"{stem}.json").write_text(
         json.dumps(
             {"command": command, "setup": setup, "env": env, "summary": summary, "rows": rows}, indent=2
         )
     )
-    r, g = summary["per_kind"]["rgpo"], summary["per_kind"]["grpo"]
+    r, g = summary["per_kind"][args.candidate], summary["per_kind"]["grpo"]
     md = [
-        "# RGPOTrainer vs GRPOTrainer: step time and forward passes",
+        f"# {label} vs GRPOTrainer: step time and forward passes",
         "",
         f"Command: `{command}`",
         "",
         f"Setup: {setup['model']}; {setup['batch']}; completions forced to {args.completion_length} tokens; "
-        "beta 0.05, num_iterations 2 for both; GRPO loss_type 'grpo'; RGPO defaults (sigmoid k=5, dual ratio, "
-        f"adaptive KL-to-old, 'dapo' aggregation). {args.repeats} repeats, trainers alternated (ABAB/BABA), "
+        f"beta 0.05, num_iterations 2 for both; GRPO loss_type 'grpo'; {label}: {setup[args.candidate]}. "
+        f"{args.repeats} repeats, trainers alternated (ABAB/BABA), "
         f"{args.steps} optimizer steps per run, first {warmup_steps} discarded. CPU, torch threads {args.threads}, "
         f"load average at the end {env['load_average_at_end'][0]:.1f} on {env['cpu_count']} cores (shared machine).",
         "",
-        "| | RGPOTrainer | GRPOTrainer | ratio RGPO/GRPO |",
+        f"| | {label} | GRPOTrainer | ratio {label}/GRPOTrainer |",
         "|---|---|---|---|",
         f"| mean step time (s) | {r['step_time_mean_s']:.4f} | {g['step_time_mean_s']:.4f} | "
         f"**{summary['step_time_ratio_median']:.3f}** (min {summary['step_time_ratio_min']:.3f}, "
@@ -242,6 +269,7 @@ def main() -> None:
         f"| scoring forward passes / step | {r['forward_scoring_per_step']:.2f} | {g['forward_scoring_per_step']:.2f} | |",
         f"| all forward passes / step (incl. generation) | {r['forward_total_per_step']:.2f} | "
         f"{g['forward_total_per_step']:.2f} | |",
+        f"| value-model forward passes / step | {r['forward_value_per_step']:.2f} | {g['forward_value_per_step']:.2f} | |",
         "",
         "Ratios are medians over repeats of per-repeat ratios of mean times (a run's mean over its measured "
         "steps, whole iterations: one generation step and one reuse step each). Scoring forwards per optimizer "
@@ -250,7 +278,7 @@ def main() -> None:
         f"Versions: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}.",
         "",
     ]
-    (args.out / "trainer_step.md").write_text("\n".join(md))
+    (args.out / f"{stem}.md").write_text("\n".join(md))
     print("\n".join(md))
 
 

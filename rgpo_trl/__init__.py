@@ -18,10 +18,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "RGPOConfig": "rgpo_trl.trainer",
     "RGPOTrainer": "rgpo_trl.trainer",
+    "PPORLHFConfig": "rgpo_trl.trainer",
+    "PPORLHFTrainer": "rgpo_trl.trainer",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import RGPOConfig, RGPOTrainer
+    from .trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +32,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'rgpo_trl' has no attribute {name!r}")
 
 
-__all__ = [*_core_all, "RGPOConfig", "RGPOTrainer"]
+__all__ = [*_core_all, "PPORLHFConfig", "PPORLHFTrainer", "RGPOConfig", "RGPOTrainer"]

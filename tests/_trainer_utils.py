@@ -41,7 +41,7 @@ def attach_recorder(trainer, extra=None) -> list[dict]:
     def wrapped(model, inputs):
         record = {
             "step": trainer._step,
-            "kl_coef": trainer.kl_coef,
+            "kl_coef": getattr(trainer, "kl_coef", None),
             "inputs": {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in inputs.items()},
             "logps": independent_logps(trainer.accelerator.unwrap_model(model), inputs, trainer.temperature),
         }

@@ -163,7 +163,7 @@ def _tiny_argv(assets, out, method, iterations=2, extra=()):
     ]
 
 
-@pytest.mark.parametrize("method", ["rgpo", "grpo", "ppo_clip_kl", "sapo"])
+@pytest.mark.parametrize("method", ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"])
 def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method):
     summary = recipe.main(_tiny_argv(quick_assets, tmp_path, method))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -175,10 +175,12 @@ def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method):
     assert generation_rows[0]["kl_ref/monitor"] == pytest.approx(0.0, abs=1e-6)  # pi_old == ref at start
     assert (tmp_path / "metrics.csv").exists() and summary["method"] == method
     assert summary["window"] == [1, 2] and summary["world_size"] == 1
-    if method == "rgpo":
+    if method.startswith("rgpo"):
         assert "rgpo/kl_old_iteration" in rows[1] and "rgpo/gate_mean" in rows[0]
     else:
         assert not any(k.startswith("rgpo/") for r in rows for k in r)
+    if method == "ppo":  # PPO-RLHF with its value model
+        assert "ppo/value_loss" in rows[0] and "ppo/score" in rows[0] and "value_loss" in summary
     if method == "grpo":  # GRPO is trained without a reference penalty: TRL logs no "kl"
         assert not any("kl" in r for r in rows)
 
@@ -202,7 +204,7 @@ def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
     assert seen == {"beta": 0.0, "args_beta": 0.0, "has_ref": True}
 
 
-def _launch_two_processes(config: str, out: Path, quick_assets) -> dict:
+def _launch_two_processes(config: str, out: Path, quick_assets, method: str = "rgpo") -> dict:
     cmd = [
         sys.executable,
         "-m",
@@ -212,7 +214,7 @@ def _launch_two_processes(config: str, out: Path, quick_assets) -> dict:
         "--num_processes",
         "2",
         str(RECIPE),
-        *_tiny_argv(quick_assets, out, "rgpo"),
+        *_tiny_argv(quick_assets, out, method),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
@@ -221,10 +223,14 @@ def _launch_two_processes(config: str, out: Path, quick_assets) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", ["rgpo", "ppo"])
 @pytest.mark.parametrize(
     "config", ["cpu_ddp_2proc.yaml", "cpu_deepspeed_zero2.yaml", "cpu_deepspeed_zero3.yaml"]
 )
-def test_two_process_runs_on_cpu(tmp_path, quick_assets, config):
-    summary = _launch_two_processes(config, tmp_path, quick_assets)
-    assert summary["world_size"] == 2
-    assert summary["rows_in_window"] > 0 and summary["kl_coef"] > 0
+def test_two_process_runs_on_cpu(tmp_path, quick_assets, config, method):
+    summary = _launch_two_processes(config, tmp_path, quick_assets, method)
+    assert summary["world_size"] == 2 and summary["rows_in_window"] > 0
+    if method == "rgpo":
+        assert summary["kl_coef"] > 0
+    else:  # PPO-RLHF: its value model trained on both ranks
+        assert summary["value_loss"] > 0 and summary["score"] == summary["score"]

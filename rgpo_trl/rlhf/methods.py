@@ -10,8 +10,10 @@ rate, ``num_iterations``) comes from the preset, so runs differ only in the poli
   its Sec. 7.3 text the ratio to pi_old; both are run).
 - ``grpo``: TRL's GRPO clipped loss (``loss_type="grpo"``), no reference penalty (beta = 0), as in the
   paper's GRPO baseline ("no explicit reference anchor").
+- ``ppo``: PPO-RLHF with a value model (`PPORLHFTrainer`): KL to the reference in the per-token reward
+  (beta = 0.05), GAE (gamma 1, lambda 0.95), whitened advantages, clipped surrogate and value loss.
 - ``ppo_clip_kl``: PPO's clipped surrogate with a k3 KL-to-reference penalty (beta = 0.05), token-level, on
-  GRPO's group-relative advantages: the *stand-in* for the paper's PPO-RLHF (no value model).
+  GRPO's group-relative advantages (no value model): the stand-in used before ``ppo`` existed.
 - ``sapo``: TRL's SAPO soft gate (``loss_type="sapo"``) with the same beta_ref = 0.05.
 
 More are added with `register_rlhf_method`. KL to the reference is the paper's primary RLHF stability
@@ -35,7 +37,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from ..core import clamp_log_ratio, kl_ref_estimate
-from ..trainer import RGPOConfig, RGPOTrainer
+from ..trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
 
 
 class ReferenceKLMonitor:
@@ -104,6 +106,8 @@ RGPO_METRICS = {
     "ess": "rgpo/ess",
 }
 
+PPO_METRICS = {"value_loss": "ppo/value_loss", "clipfrac": "ppo/clipfrac", "score": "ppo/score"}
+
 
 @dataclass(frozen=True)
 class RLHFMethod:
@@ -145,12 +149,19 @@ class GRPOMonitoredTrainer(ReferenceKLMonitor, GRPOTrainer):
     pass
 
 
+class PPORLHFMonitoredTrainer(ReferenceKLMonitor, PPORLHFTrainer):
+    pass
+
+
 _RGPO = {"gate": "sigmoid", "gate_params": {"k": 5.0}, "beta": 0.05, "loss_type": "dapo"}
 register_rlhf_method(
     RLHFMethod("rgpo", RGPOMonitoredTrainer, RGPOConfig, {**_RGPO, "ratio_mode": "dual"}, RGPO_METRICS)
 )
 register_rlhf_method(
     RLHFMethod("rgpo_old", RGPOMonitoredTrainer, RGPOConfig, {**_RGPO, "ratio_mode": "old"}, RGPO_METRICS)
+)
+register_rlhf_method(
+    RLHFMethod("ppo", PPORLHFMonitoredTrainer, PPORLHFConfig, {"beta": 0.05, "epsilon": 0.2}, PPO_METRICS)
 )
 register_rlhf_method(
     RLHFMethod("grpo", GRPOMonitoredTrainer, GRPOConfig, {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2})
