@@ -155,3 +155,22 @@ def test_resume_restores_value_model_and_optimizer(model_path, tmp_path):
 def test_config_refuses_what_ppo_does_not_read(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         PPORLHFConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **kwargs)
+
+
+def test_peft_trains_the_adapter_and_the_value_model_only(model_path, tmp_path):
+    from peft import LoraConfig
+
+    kw = base_args(tmp_path, max_steps=2, learning_rate=5e-2)
+    kw.pop("beta")
+    trainer = PPORLHFTrainer(model_path, vowel_reward, args=PPORLHFConfig(**kw), train_dataset=tiny_dataset(),
+                             processing_class=tiny_tokenizer(),
+                             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert any("lora_" in n for n in moved) and any(n.startswith("value_model.") for n in moved)
+    frozen_policy = [n for n in before if "lora_" not in n and not n.startswith("value_model.")]
+    assert frozen_policy and not (
+        moved & set(frozen_policy)
+    )  # the base policy stays frozen (it is the reference)
