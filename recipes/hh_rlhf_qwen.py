@@ -94,6 +94,20 @@ class HHScriptArguments:
     tiny_quick: bool = field(
         default=False, metadata={"help": "tiny-hh/ assets: use the smaller, faster-to-build variant (tests)."}
     )
+    heldout_dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out prompts for the end-of-run evaluation (default: dataset_name, heldout_split)."
+        },
+    )
+    heldout_split: str = field(default="test", metadata={"help": "Split of the held-out prompts."})
+    heldout_prompts: int = field(
+        default=64,
+        metadata={
+            "help": "Held-out prompts evaluated after training (proxy reward, gold where known, KL_ref of one "
+            "sample each, written to heldout.json); 0 disables. Single-process runs only."
+        },
+    )
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -147,11 +161,12 @@ def check_hub_ids(argv: list[str], from_yaml: dict) -> None:
 def resolve_tiny_assets(script_args, model_args) -> None:
     """Replace ``tiny-hh/<asset>`` paths by the cached tiny-HH assets, building them once (rank 0 first)."""
     paths = {
+        "heldout_dataset_name": script_args,
         "model_name_or_path": model_args,
         "reward_model_name_or_path": script_args,
         "dataset_name": script_args,
     }
-    if not any(str(getattr(obj, name)).startswith(TINY_PREFIX) for name, obj in paths.items()):
+    if not any(str(getattr(obj, name) or "").startswith(TINY_PREFIX) for name, obj in paths.items()):
         return
     from accelerate import PartialState
 
@@ -196,6 +211,37 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
         raise ValueError("model_name_or_path is required")
     resolve_tiny_assets(script_args, model_args)
     return script_args, training_args, model_args
+
+
+def evaluate_heldout(trainer, tokenizer, script_args, training_args, reward_model, state) -> dict | None:
+    """The same held-out evaluation for every method (`rgpo_trl.rlhf.evaluation`), written to heldout.json."""
+    from rgpo_trl.rlhf.evaluation import evaluate_policy
+    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
+
+    if state.num_processes > 1:
+        print("[rgpo-trl] held-out evaluation runs in single-process runs only; skipped")
+        return None
+    name = script_args.heldout_dataset_name or script_args.dataset_name
+    split = (
+        script_args.heldout_split
+        if script_args.heldout_dataset_name is None or not name.endswith(".jsonl")
+        else "train"
+    )
+    prompts, _ = load_hh_helpful_prompts(name, split, tokenizer, script_args.max_prompt_length,
+                                         data_dir=script_args.dataset_data_dir, max_rows=4 * script_args.heldout_prompts)  # fmt: skip
+    prompts = [p["prompt"] for p in prompts.select(range(min(script_args.heldout_prompts, len(prompts))))]
+    gold_fn = None
+    if script_args.preset == "tiny":
+        from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    result = evaluate_policy(model, tokenizer, prompts, reward_model, ref_model=trainer.ref_model, gold_fn=gold_fn,
+                             max_new_tokens=training_args.max_completion_length, seed=training_args.seed,
+                             temperature=training_args.temperature)  # fmt: skip
+    result.update(dataset=name, split=split, seed=training_args.seed)
+    with open(os.path.join(training_args.output_dir, "heldout.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"[rgpo-trl] held-out: {json.dumps(result)}")
+    return result
 
 
 def init_distributed_for_cpu_deepspeed() -> bool:
@@ -303,6 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
+    if script_args.heldout_prompts > 0:
+        evaluate_heldout(trainer, tokenizer, script_args, training_args, reward_model, state)
     summary = {}
     summary_path = os.path.join(training_args.output_dir, "summary.json")
     if state.is_main_process and os.path.exists(summary_path):

@@ -159,6 +159,8 @@ def _tiny_argv(assets, out, method, iterations=2, extra=()):
         "true",
         "--save_strategy",
         "no",
+        "--heldout_prompts",
+        "8",
         *extra,
     ]
 
@@ -179,6 +181,8 @@ def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method):
         assert "rgpo/kl_old_iteration" in rows[1] and "rgpo/gate_mean" in rows[0]
     else:
         assert not any(k.startswith("rgpo/") for r in rows for k in r)
+    heldout = json.loads((tmp_path / "heldout.json").read_text())  # the same end-of-run evaluation for all
+    assert heldout["prompts"] == 8 and heldout["kl_ref"] >= 0 and {"reward", "gold"} <= set(heldout)
     if method == "ppo":  # PPO-RLHF with its value model
         assert "ppo/value_loss" in rows[0] and "ppo/score" in rows[0] and "value_loss" in summary
     if method == "grpo":  # GRPO is trained without a reference penalty: TRL logs no "kl"

@@ -1,0 +1,102 @@
+"""Held-out evaluation of a trained policy, the same code for every method (online ones and DPO): one sampled
+completion per prompt, scored by the proxy reward model, by the gold rule where the world has one, and its KL
+to the reference policy.
+
+KL_ref is the mean over the sampled completion tokens of the k3 estimate exp(log pi_ref - log pi) -
+(log pi_ref - log pi) - 1, the estimator of the training metric ``kl_ref/monitor``, so held-out and training
+numbers are comparable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from ..core import clamp_log_ratio, kl_ref_estimate
+
+
+@torch.no_grad()
+def completion_logps(
+    model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """log pi(token) of the last ``n_completion`` tokens (logits at t predict t + 1)."""
+    logits = (
+        model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -n_completion - 1 : -1].float()
+    )
+    logps = (logits / temperature).log_softmax(-1)
+    return logps.gather(-1, input_ids[:, -n_completion:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def evaluate_policy(
+    model,
+    tokenizer,
+    prompts: Sequence[Any],
+    reward_fn: Callable[..., list[float]],
+    *,
+    ref_model=None,
+    gold_fn: Callable[..., list[float]] | None = None,
+    max_new_tokens: int = 64,
+    batch_size: int = 16,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Sample one completion per conversational prompt; return the means of the proxy reward, the gold score
+    (if ``gold_fn``) and KL_ref. ``ref_model=None`` with a PEFT ``model`` uses the model with its adapter
+    disabled as the reference (as TRL does)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    rewards, golds, kl_sums, kl_counts = [], [], 0.0, 0.0
+    try:
+        for start in range(0, len(prompts), batch_size):
+            batch = list(prompts[start : start + batch_size])
+            texts = [
+                tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in batch
+            ]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
+                                 top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            completion_ids = out[:, enc["input_ids"].shape[1] :]
+            # completion mask: tokens up to and including the first end-of-sequence token
+            is_eos = completion_ids == tokenizer.eos_token_id
+            first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.size(1))
+            mask = (torch.arange(completion_ids.size(1), device=device)[None] <= first_eos[:, None]).float()
+            attention = torch.cat([enc["attention_mask"], mask.long()], 1)
+            n = completion_ids.size(1)
+            logps = completion_logps(model, out, attention, n, temperature)
+            if ref_model is not None:
+                ref_logps = completion_logps(ref_model, out, attention, n, temperature)
+            else:
+                with model.disable_adapter() if hasattr(model, "disable_adapter") else nullcontext():
+                    ref_logps = completion_logps(model, out, attention, n, temperature)
+            kl = kl_ref_estimate(clamp_log_ratio(logps - ref_logps))
+            kl_sums += float((kl * mask).sum())
+            kl_counts += float(mask.sum())
+            texts = tokenizer.batch_decode(
+                completion_ids, skip_special_tokens=True
+            )  # after EOS: only padding
+            completions = [[{"role": "assistant", "content": t}] for t in texts]
+            rewards += list(reward_fn(prompts=batch, completions=completions))
+            if gold_fn is not None:
+                golds += list(gold_fn(prompts=batch, completions=completions))
+    finally:
+        tokenizer.padding_side = padding_side
+        torch.random.set_rng_state(generator_state)
+        model.train(was_training)
+    result = {
+        "prompts": len(prompts),
+        "reward": sum(rewards) / len(rewards),
+        "kl_ref": kl_sums / max(kl_counts, 1.0),
+        "completion_tokens_mean": kl_counts / len(prompts),
+    }
+    if gold_fn is not None:
+        result["gold"] = sum(golds) / len(golds)
+    return result
