@@ -145,8 +145,11 @@ def run_suites(
     running: dict[Run, tuple[subprocess.Popen, object]] = {}
     failed: list[tuple[Run, int]] = []
     done_runs = len(runs) - len(todo)
-    bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.05)
-    bar.update(sum(progress_of(d) for d in run_dir.values()))
+    # steps already done are the bar's `initial`, so its rate and ETA count this session's steps only
+    done_steps = sum(progress_of(d) for d in run_dir.values())
+    bar = tqdm(
+        total=total, initial=done_steps, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.05
+    )
     try:
         while todo or running:
             while todo and len(running) < jobs:
