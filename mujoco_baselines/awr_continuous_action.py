@@ -658,8 +658,11 @@ def main(args: Args) -> dict:
             "resumed_at_iterations": resumed_at,
             "git_commits": commits,
         }
-        with open(os.path.join(run_dir, "final.json"), "w") as f:
+        with open(os.path.join(run_dir, "final.json.tmp"), "w") as f:
             json.dump(final, f, indent=2)
+        os.replace(
+            os.path.join(run_dir, "final.json.tmp"), os.path.join(run_dir, "final.json")
+        )  # never half-written
         if not args.keep_checkpoint and os.path.exists(ckpt_path):
             os.remove(ckpt_path)
     finally:

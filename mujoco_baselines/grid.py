@@ -108,9 +108,11 @@ SUITES: dict[str, list[Run]] = {
 
 def progress_of(run_dir: str) -> int:
     """Environment steps done by a run, from the last row of its metrics.csv (0 if none)."""
-    if os.path.exists(os.path.join(run_dir, "final.json")):
+    try:
         with open(os.path.join(run_dir, "final.json")) as f:
             return int(json.load(f)["global_step"])
+    except (OSError, KeyError, ValueError):  # not finished (or being written): count the metrics rows
+        pass
     try:
         with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
             rows = list(csv.DictReader(f))
