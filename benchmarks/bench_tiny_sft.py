@@ -122,8 +122,8 @@ def main() -> None:
             for k, v in times.items()
         ],
         "",
-        f"SFTTrainer / builder loop: **{ratio:.2f}x** the time. The builder's loop computes the LM head on the "
-        "response positions only and has no per-step Trainer overhead; on this model and CPU that is the difference.",
+        f"SFTTrainer / builder loop: **{ratio:.2f}x** the time. Likely causes (not measured separately): the builder's loop "
+        "computes the LM head on the response positions only and has no per-step Trainer overhead.",
     ]
     Path(a.out + ".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
