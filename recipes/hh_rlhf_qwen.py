@@ -221,12 +221,7 @@ def evaluate_heldout(trainer, tokenizer, script_args, training_args, reward_mode
     if state.num_processes > 1:
         print("[rgpo-trl] held-out evaluation runs in single-process runs only; skipped")
         return None
-    name = script_args.heldout_dataset_name or script_args.dataset_name
-    split = (
-        script_args.heldout_split
-        if script_args.heldout_dataset_name is None or not name.endswith(".jsonl")
-        else "train"
-    )
+    name, split = script_args.heldout_dataset_name or script_args.dataset_name, script_args.heldout_split
     prompts, _ = load_hh_helpful_prompts(name, split, tokenizer, script_args.max_prompt_length,
                                          data_dir=script_args.dataset_data_dir, max_rows=4 * script_args.heldout_prompts)  # fmt: skip
     prompts = [p["prompt"] for p in prompts.select(range(min(script_args.heldout_prompts, len(prompts))))]
@@ -237,7 +232,7 @@ def evaluate_heldout(trainer, tokenizer, script_args, training_args, reward_mode
     result = evaluate_policy(model, tokenizer, prompts, reward_model, ref_model=trainer.ref_model, gold_fn=gold_fn,
                              max_new_tokens=training_args.max_completion_length, seed=training_args.seed,
                              temperature=training_args.temperature)  # fmt: skip
-    result.update(dataset=name, split=split, seed=training_args.seed)
+    result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=training_args.seed)
     with open(os.path.join(training_args.output_dir, "heldout.json"), "w") as f:
         json.dump(result, f, indent=2)
     print(f"[rgpo-trl] held-out: {json.dumps(result)}")
