@@ -126,10 +126,72 @@ def default_checkpoints() -> str:
     return os.path.join(cache, "grid_checkpoints")
 
 
+class LocalBackend:
+    """Each run is a subprocess on this machine."""
+
+    def __init__(self, env: dict):
+        self.env = env
+
+    def start(self, command: list[str], log_path: str):
+        log = open(log_path, "a")
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT), log
+
+    def poll(self, handle) -> int | None:
+        return handle[0].poll()
+
+    def stop(self, handle) -> None:
+        handle[0].terminate()
+        handle[0].wait()
+
+    def close(self, handle) -> None:
+        handle[1].close()
+
+
+class RayBackend:
+    """Each run is a Ray task (one CPU) running the same command on a node of the cluster (``ray_address``; None
+    starts a local Ray instance). The repository must be at the same path on every node, and the results and
+    checkpoint folders on storage every node sees, so that skip and resume work as with the local backend."""
+
+    def __init__(self, env: dict, address: str | None = None):
+        import ray
+
+        self.ray = ray
+        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+
+        @ray.remote(num_cpus=1)
+        def run(command: list[str], log_path: str, env: dict) -> int:
+            with open(log_path, "a") as log:
+                return subprocess.run(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+                ).returncode
+
+        self.run, self.env = run, env
+
+    def start(self, command: list[str], log_path: str):
+        return self.run.remote(command, log_path, self.env)
+
+    def poll(self, handle) -> int | None:
+        ready, _ = self.ray.wait([handle], timeout=0)
+        return self.ray.get(handle) if ready else None
+
+    def stop(self, handle) -> None:
+        self.ray.cancel(handle, force=True)
+
+    def close(self, handle) -> None:
+        pass
+
+
 def run_suites(
-    runs: list[Run], results: str, jobs: int, checkpoints: str | None = None, poll: float = 2.0
+    runs: list[Run],
+    results: str,
+    jobs: int,
+    checkpoints: str | None = None,
+    poll: float = 2.0,
+    backend: str = "local",
+    ray_address: str | None = None,
 ) -> list[tuple[Run, int]]:
-    """Run ``runs`` ``jobs`` at a time; returns the failed ones with their exit status."""
+    """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``); returns the failed ones with their
+    exit status."""
     from tqdm import tqdm
 
     run_dir = {r: os.path.join(results, r.suite, r.name) for r in runs}
@@ -140,11 +202,12 @@ def run_suites(
     todo = [r for r in runs if not os.path.exists(os.path.join(run_dir[r], "final.json"))]
     total = sum(r.total_timesteps for r in runs)
     print(
-        f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time",
+        f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time ({backend})",
         flush=True,
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    running: dict[Run, tuple[subprocess.Popen, object]] = {}
+    executor = RayBackend(env, ray_address) if backend == "ray" else LocalBackend(env)
+    running: dict[Run, object] = {}
     failed: list[tuple[Run, int]] = []
     done_runs = len(runs) - len(todo)
     # steps already done are the bar's `initial`, so its rate and ETA count this session's steps only
@@ -157,31 +220,29 @@ def run_suites(
             while todo and len(running) < jobs:
                 r = todo.pop(0)
                 os.makedirs(run_dir[r], exist_ok=True)
-                log = open(os.path.join(run_dir[r], "run.log"), "a")
-                log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[r])}\n")
-                log.flush()
-                proc = subprocess.Popen(command[r], stdout=log, stderr=subprocess.STDOUT,
-                                        env=env, cwd=ROOT)  # fmt: skip
-                running[r] = (proc, log)
+                log_path = os.path.join(run_dir[r], "run.log")
+                with open(log_path, "a") as log:
+                    log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[r])}\n")
+                running[r] = executor.start(command[r], log_path)
             time.sleep(poll)
-            for r, (proc, log) in list(running.items()):
-                if proc.poll() is not None:
-                    log.close()
+            for r, handle in list(running.items()):
+                code = executor.poll(handle)
+                if code is not None:
+                    executor.close(handle)
                     del running[r]
                     done_runs += 1
-                    if proc.returncode != 0:
-                        failed.append((r, proc.returncode))
-                        tqdm.write(f"FAILED ({proc.returncode}): {r.name}, see {run_dir[r]}/run.log")
+                    if code != 0:
+                        failed.append((r, code))
+                        tqdm.write(f"FAILED ({code}): {r.name}, see {run_dir[r]}/run.log")
             steps = sum(progress_of(d) for d in run_dir.values())
             bar.update(steps - bar.n)
             bar.set_postfix_str(
                 f"runs {done_runs}/{len(runs)} done, {len(running)} running, {len(failed)} failed"
             )
     finally:
-        for proc, log in running.values():  # interrupted: stop the children; they resume next time
-            proc.terminate()
-            proc.wait()
-            log.close()
+        for handle in running.values():  # interrupted: stop the runs in progress; they resume next time
+            executor.stop(handle)
+            executor.close(handle)
         bar.close()
     return failed
 
@@ -197,6 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs side by side (default: cores)")
     p.add_argument("--list", action="store_true", help="list the suites' runs and their state, run nothing")
+    p.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local subprocesses, or Ray tasks (pip install 'rgpo-trl[ray]'; shared storage and the repo on every node)",
+    )
+    p.add_argument(
+        "--ray-address", default=None, help="Ray cluster address (default: start a local Ray instance)"
+    )
     args = p.parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown or not (args.suites or args.list):
@@ -216,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # SIGTERM (e.g. `kill`, a session ending) unwinds like Ctrl-C, so the runs in progress are stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    failed = run_suites(runs, args.results, args.jobs, args.checkpoints)
+    failed = run_suites(runs, args.results, args.jobs, args.checkpoints, backend=args.backend,
+                        ray_address=args.ray_address)  # fmt: skip
     for r, code in failed:
         print(f"failed: {r.suite}/{r.name} (exit {code})")
     return 1 if failed else 0

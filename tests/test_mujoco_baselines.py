@@ -454,3 +454,30 @@ def _load_grid():
     sys.modules["grid"] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.slow  # a Ray instance takes minutes to start on a loaded 2-core machine
+def test_grid_runner_ray_backend_matches_local_runs(tmp_path):
+    """The same runs as Ray tasks on a local Ray instance give the metrics of local subprocess runs."""
+    ray = pytest.importorskip("ray")
+    grid = _load_grid()
+    runs = [
+        grid.Run("t", m, "Hopper-v4", 0, 256 * 3, "default", ("--num-steps", "256")) for m in ("ppo", "rgpo")
+    ]
+    assert (
+        grid.run_suites(runs, str(tmp_path / "local"), jobs=2, checkpoints=str(tmp_path / "c1"), poll=0.2)
+        == []
+    )
+    try:
+        assert grid.run_suites(runs, str(tmp_path / "ray"), jobs=2, checkpoints=str(tmp_path / "c2"), poll=0.2,
+                               backend="ray") == []  # fmt: skip
+    finally:
+        ray.shutdown()
+    for run in runs:
+        a, b = read_rows(tmp_path / "local" / "t" / run.name), read_rows(tmp_path / "ray" / "t" / run.name)
+        assert len(a) == len(b) == 3
+        for ra, rb in zip(a, b, strict=True):
+            assert all(
+                ra[k] == rb[k] or (math.isnan(ra[k]) and math.isnan(rb[k]))
+                for k in ra.keys() - TIMING_COLUMNS
+            )
