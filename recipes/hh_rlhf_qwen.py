@@ -201,7 +201,16 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
     parser.set_defaults(
         **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{preset}-{method.name}"
     )
-    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    if method.online:
+        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+        script_args.unused_preset_settings = {}
+    else:  # an offline method (DPO) does not read the preset's generation settings; they are listed, not lost
+        script_args, training_args, model_args, rest = parser.parse_args_and_config(
+            args=argv, return_remaining_strings=True, fail_with_unknown_args=False
+        )
+        script_args.unused_preset_settings = dict(
+            zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True)
+        )
     script_args.preset = preset  # the preset's name (its YAML's `preset`, else the file name)
     if script_args.method != method.name:
         raise ValueError(
@@ -239,6 +248,67 @@ def evaluate_heldout(trainer, tokenizer, script_args, training_args, reward_mode
     return result
 
 
+def run_offline(script_args, training_args, model_args, tokenizer, state) -> dict:
+    """DPO: TRL's DPOTrainer on the dataset's chosen/rejected pairs from the same initial policy (and reference),
+    for as many optimizer steps as the online methods take, then the shared evaluation on training prompts
+    (summary.json, the counterpart of the online methods' window) and on held-out prompts (heldout.json)."""
+    from trl import DPOTrainer, get_peft_config
+
+    from rgpo_trl.rlhf.evaluation import evaluate_policy
+    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts, load_hh_preference_pairs
+    from rgpo_trl.rlhf.rewards import load_pairwise_reward
+
+    unused = script_args.unused_preset_settings
+    if state.is_main_process and unused:
+        print(f"[rgpo-trl] {script_args.method} does not read these settings: {unused}")
+    with state.main_process_first():
+        pairs, stats = load_hh_preference_pairs(script_args.dataset_name, script_args.dataset_split, tokenizer,
+                                                script_args.max_prompt_length, data_dir=script_args.dataset_data_dir)  # fmt: skip
+    if script_args.max_train_prompts is not None:
+        pairs = pairs.select(range(min(script_args.max_train_prompts, len(pairs))))
+    if training_args.max_steps is None or training_args.max_steps <= 0:
+        training_args.max_steps = script_args.num_rl_iterations * int(unused.get("num_iterations", 2))
+    trainer = DPOTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=pairs,
+                         processing_class=tokenizer, peft_config=get_peft_config(model_args))  # fmt: skip
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    if state.num_processes > 1:
+        print("[rgpo-trl] the DPO evaluation runs in single-process runs only; skipped")
+        return {}
+    reward_model = load_pairwise_reward(script_args.reward_model_name_or_path, batch_size=script_args.reward_batch_size,
+                                        max_length=script_args.reward_max_length).to(trainer.accelerator.device)  # fmt: skip
+    gold_fn = None
+    if script_args.preset == "tiny":
+        from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    sampling = {"max_new_tokens": int(unused.get("max_completion_length", 64)),
+                "temperature": float(unused.get("temperature", 1.0)), "seed": training_args.seed}  # fmt: skip
+    n = max(script_args.heldout_prompts, 1)
+    prompts, _ = load_hh_helpful_prompts(script_args.dataset_name, script_args.dataset_split, tokenizer,
+                                         script_args.max_prompt_length, data_dir=script_args.dataset_data_dir,
+                                         max_rows=4 * n)  # fmt: skip
+    train_prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
+    summary = evaluate_policy(model, tokenizer, train_prompts, reward_model, ref_model=trainer.ref_model,
+                              gold_fn=gold_fn, **sampling)  # fmt: skip
+    summary.update(method=script_args.method, world_size=state.num_processes, pairs=len(pairs),
+                   optimizer_steps=trainer.state.global_step, unused_settings=unused,
+                   evaluated_on="training prompts, one sample each after training")  # fmt: skip
+    with open(os.path.join(training_args.output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if script_args.heldout_prompts > 0:
+        name, split = script_args.heldout_dataset_name or script_args.dataset_name, script_args.heldout_split
+        held, _ = load_hh_helpful_prompts(name, split, tokenizer, script_args.max_prompt_length,
+                                          data_dir=script_args.dataset_data_dir, max_rows=4 * n)  # fmt: skip
+        held_prompts = [p["prompt"] for p in held.select(range(min(n, len(held))))]
+        result = evaluate_policy(model, tokenizer, held_prompts, reward_model, ref_model=trainer.ref_model,
+                                 gold_fn=gold_fn, **sampling)  # fmt: skip
+        result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=training_args.seed)
+        with open(os.path.join(training_args.output_dir, "heldout.json"), "w") as f:
+            json.dump(result, f, indent=2)
+    print(f"[rgpo-trl] {script_args.method}: {json.dumps(summary)}")
+    return summary
+
+
 def init_distributed_for_cpu_deepspeed() -> bool:
     """DeepSpeed without CUDA must run over gloo; otherwise ZeRO-3 fails while loading the reference
     model ("train_batch_size is not equal to ..."). Initialise it before anything builds the
@@ -270,6 +340,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     state = PartialState()
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
+    if not get_rlhf_method(script_args.method).online:
+        return run_offline(script_args, training_args, model_args, tokenizer, state)
     with state.main_process_first():
         dataset, stats = load_hh_helpful_prompts(
             script_args.dataset_name,

@@ -238,3 +238,15 @@ def test_two_process_runs_on_cpu(tmp_path, quick_assets, config, method):
         assert summary["kl_coef"] > 0
     else:  # PPO-RLHF: its value model trained on both ranks
         assert summary["value_loss"] > 0 and summary["score"] == summary["score"]
+
+
+def test_dpo_baseline_trains_on_the_pairs_and_is_evaluated_like_the_online_methods(tmp_path, quick_assets):
+    """DPO from the same initial policy on the tiny world's chosen/rejected pairs, for as many optimizer steps
+    as an online run; its reward, gold and KL_ref come from the shared evaluation code."""
+    summary = recipe.main(_tiny_argv(quick_assets, tmp_path, "dpo", iterations=2))
+    assert summary["method"] == "dpo" and summary["prompts"] == 8 and summary["pairs"] > 100
+    assert summary["kl_ref"] > 0 and {"reward", "gold"} <= set(summary)  # the policy moved from the reference
+    heldout = json.loads((tmp_path / "heldout.json").read_text())
+    assert heldout["prompts"] == 8 and heldout["kl_ref"] > 0
+    assert summary["optimizer_steps"] == 4  # 2 iterations x num_iterations 2, as an online run of the preset
+    assert summary["unused_settings"]["num_generations"] == "4"  # listed, not silently dropped

@@ -251,3 +251,31 @@ def load_hh_helpful_prompts(
     if max_rows is not None:
         raw = raw.select(range(min(max_rows, len(raw))))
     return hh_rows_to_prompts(raw, tokenizer, max_prompt_length, keep_columns=keep_columns)
+
+
+def load_hh_preference_pairs(
+    dataset_name_or_path: str = HH_DATASET_ID,
+    split: str = "train",
+    tokenizer=None,
+    max_prompt_length: int | None = None,
+    *,
+    data_dir: str | None = HH_HELPFUL_DATA_DIR,
+    max_rows: int | None = None,
+):
+    """HH-RLHF chosen/rejected pairs for TRL's DPOTrainer, in the conversational format: ``prompt`` (the turns
+    before the last Assistant turn, parsed and filtered as `load_hh_helpful_prompts` does) and ``chosen`` /
+    ``rejected`` (the two final Assistant turns). Rows whose rejected dialogue does not parse are skipped."""
+    raw = load_hh_raw(dataset_name_or_path, split, data_dir=data_dir)
+    if max_rows is not None:
+        raw = raw.select(range(min(max_rows, len(raw))))
+    ds, stats = hh_rows_to_prompts(raw, tokenizer, max_prompt_length, keep_columns=("chosen", "rejected"))
+
+    def final_turn(text: Any) -> list[dict[str, str]] | None:
+        try:
+            turns = parse_hh_dialogue(text)
+        except HHFormatError:
+            return None
+        return [turns[-1]] if turns[-1]["role"] == "assistant" and turns[-1]["content"] else None
+
+    ds = ds.map(lambda r: {"chosen": final_turn(r["chosen"]), "rejected": final_turn(r["rejected"])})
+    return ds.filter(lambda r: r["chosen"] is not None and r["rejected"] is not None), stats

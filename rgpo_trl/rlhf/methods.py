@@ -15,6 +15,8 @@ rate, ``num_iterations``) comes from the preset, so runs differ only in the poli
 - ``ppo_clip_kl``: PPO's clipped surrogate with a k3 KL-to-reference penalty (beta = 0.05), token-level, on
   GRPO's group-relative advantages (no value model): the stand-in used before ``ppo`` existed.
 - ``sapo``: TRL's SAPO soft gate (``loss_type="sapo"``) with the same beta_ref = 0.05.
+- ``dpo``: TRL's DPOTrainer (beta 0.1) on the dataset's chosen/rejected pairs, same initial policy and
+  reference; offline, so its reward, gold and KL_ref come from the shared end-of-run evaluation.
 
 More are added with `register_rlhf_method`. KL to the reference is the paper's primary RLHF stability
 metric, also for GRPO, which does not optimise it: `ReferenceKLMonitor` computes it the same way for every
@@ -34,7 +36,7 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 
 from ..core import clamp_log_ratio, kl_ref_estimate
 from ..trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
@@ -119,6 +121,7 @@ class RLHFMethod:
     config_class: type[GRPOConfig]
     config: dict[str, Any]
     metrics: dict[str, str] = field(default_factory=dict)
+    online: bool = True  # False: trained on the preference pairs (DPO), evaluated with the same sampling code
 
     @property
     def metric_columns(self) -> dict[str, str]:
@@ -290,3 +293,6 @@ def format_table(
         + "".join(f"{summary.get(c, float('nan')):>11.4f}" for c in cols)
     )
     return "\n".join(lines)
+
+
+register_rlhf_method(RLHFMethod("dpo", DPOTrainer, DPOConfig, {"beta": 0.1}, online=False))
