@@ -101,6 +101,9 @@ class HHScriptArguments:
         },
     )
     heldout_split: str = field(default="test", metadata={"help": "Split of the held-out prompts."})
+    save_final_model: bool = field(
+        default=True, metadata={"help": "Save the trained model to output_dir (suites keep only metrics)."}
+    )
     heldout_prompts: int = field(
         default=64,
         metadata={
@@ -271,7 +274,8 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     trainer = DPOTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=pairs,
                          processing_class=tokenizer, peft_config=get_peft_config(model_args))  # fmt: skip
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
+    if script_args.save_final_model:
+        trainer.save_model(training_args.output_dir)
     if state.num_processes > 1:
         print("[rgpo-trl] the DPO evaluation runs in single-process runs only; skipped")
         return {}
@@ -415,7 +419,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"metrics -> {training_args.output_dir}/metrics.jsonl"
         )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
+    if script_args.save_final_model:
+        trainer.save_model(training_args.output_dir)
     if script_args.heldout_prompts > 0:
         evaluate_heldout(trainer, tokenizer, script_args, training_args, reward_model, state)
     summary = {}

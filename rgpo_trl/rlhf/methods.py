@@ -212,8 +212,12 @@ class IterationMetricsWriter(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            if os.path.exists(self.path) and state.global_step == 0:
-                os.remove(self.path)  # a fresh run; a resumed run (global_step > 0) appends
+            if os.path.exists(self.path):
+                # a fresh run starts over; a resumed run keeps the rows up to its checkpoint's step and appends
+                # (rows logged after the checkpoint by the interrupted run are logged again)
+                kept = [r for r in read_metrics(self.path) if r["step"] <= state.global_step]
+                with open(self.path, "w") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in kept)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "train_runtime" in logs:

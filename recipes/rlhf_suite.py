@@ -1,0 +1,126 @@
+"""Run the RLHF comparison as a suite: every method x seed through recipes/hh_rlhf_qwen.py, N at a time,
+finished runs skipped, interrupted runs resumed from their latest Trainer checkpoint.
+
+    python recipes/rlhf_suite.py tiny-paper --jobs 2          # 7 methods x 3 seeds, the paper's protocol
+    python recipes/rlhf_suite.py --list
+    python recipes/rlhf_report.py results/rlhf/tiny-paper     # the table and figures
+
+Each run writes ``results/rlhf/<suite>/<method>__s<seed>/``: metrics.jsonl / metrics.csv (per iteration),
+summary.json (window averages; for DPO its end-of-run evaluation), heldout.json (the shared held-out
+evaluation) and run.log. Checkpoints (``checkpoint-*``) stay there while a run is unfinished (git-ignored) and
+are used to resume; a run is finished when its summary.json and heldout.json exist. One CPU process per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "recipes", "hh_rlhf_qwen.py")
+METHODS = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo", "dpo"]
+
+
+@dataclass(frozen=True)
+class RLHFRun:
+    suite: str
+    method: str
+    seed: int
+    config: str
+    extra: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}__s{self.seed}"
+
+    def command(self, out: str) -> list[str]:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               os.path.join(ROOT, "recipes", "accelerate_configs", "cpu.yaml"), RECIPE,
+               "--config", os.path.join(ROOT, self.config), "--method", self.method, "--seed", str(self.seed),
+               "--output_dir", out, "--save_final_model", "false", "--disable_tqdm", "true", *self.extra]  # fmt: skip
+        checkpoints = sorted(
+            (d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d.split("-")[1])
+        ) if os.path.isdir(out) else []  # fmt: skip
+        if checkpoints:
+            cmd += ["--resume_from_checkpoint", os.path.join(out, checkpoints[-1])]
+        return cmd
+
+
+SUITES: dict[str, list[RLHFRun]] = {
+    "tiny-paper": [RLHFRun("tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml") for s in (1, 2, 3)
+                   for m in METHODS],
+    # a minute: to try the runner (and for its test)
+    "smoke": [RLHFRun("smoke", m, 1, "recipes/configs/hh_rlhf_tiny.yaml",
+                      ("--num_rl_iterations", "2", "--max_completion_length", "8", "--heldout_prompts", "4",
+                       "--save_strategy", "no")) for m in ("rgpo", "dpo")],
+}  # fmt: skip
+
+
+def finished(out: str) -> bool:
+    return all(os.path.exists(os.path.join(out, f)) for f in ("summary.json", "heldout.json"))
+
+
+def run_suite(
+    runs: list[RLHFRun], results: str, jobs: int, extra: tuple[str, ...] = (), poll: float = 2.0
+) -> list:
+    """Run the unfinished ``runs`` ``jobs`` at a time; returns the failed ones with their exit status."""
+    out = {r: os.path.join(results, r.suite, r.name) for r in runs}
+    todo = [r for r in runs if not finished(out[r])]
+    print(
+        f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time",
+        flush=True,
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    running, failed, start = {}, [], time.time()
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                r = todo.pop(0)
+                os.makedirs(out[r], exist_ok=True)
+                log = open(os.path.join(out[r], "run.log"), "a")
+                running[r] = (subprocess.Popen([*r.command(out[r]), *extra], stdout=log, stderr=subprocess.STDOUT,
+                                               env=env, cwd=ROOT), log)  # fmt: skip
+            time.sleep(poll)
+            for r, (proc, log) in list(running.items()):
+                if proc.poll() is not None:
+                    log.close()
+                    del running[r]
+                    ok = proc.returncode == 0 and finished(out[r])
+                    if not ok:
+                        failed.append((r, proc.returncode))
+                    done = sum(finished(o) for o in out.values())
+                    print(f"[{time.time() - start:7.0f}s] {'done' if ok else 'FAILED'} {r.suite}/{r.name}; "
+                          f"{done}/{len(runs)} finished", flush=True)  # fmt: skip
+    finally:
+        for proc, log in running.values():  # interrupted: stop the runs in progress; they resume next time
+            proc.terminate()
+            proc.wait()
+            log.close()
+    return failed
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", nargs="?", choices=list(SUITES))
+    p.add_argument("--results", default=os.path.join(ROOT, "results", "rlhf"))
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--list", action="store_true")
+    a, extra = p.parse_known_args(argv)
+    if a.list or a.suite is None:
+        for name, runs in SUITES.items():
+            for r in runs:
+                state = "finished" if finished(os.path.join(a.results, name, r.name)) else "-"
+                print(f"{name:11s} {r.name:18s} {state}")
+        return 0
+    failed = run_suite(SUITES[a.suite], a.results, a.jobs, tuple(extra))
+    for r, code in failed:
+        print(f"failed: {r.suite}/{r.name} (exit {code}), see its run.log")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""recipes/rlhf_suite.py: runs, skips finished runs, and resumes from a checkpoint without duplicated rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "recipes", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_suite_runs_skips_and_resumes(tmp_path, quick_assets):
+    from conftest import assets_cache_root
+
+    suite = _load("rlhf_suite")
+    extra = ("--tiny_quick", "--cache_dir", str(assets_cache_root(quick_assets)))
+    runs = [suite.RLHFRun("t", "rgpo", 1, "recipes/configs/hh_rlhf_tiny.yaml",
+                          ("--num_rl_iterations", "3", "--max_completion_length", "8", "--heldout_prompts", "4",
+                           "--save_strategy", "steps", "--save_steps", "2"))]  # fmt: skip
+    out = tmp_path / "t" / "rgpo__s1"
+    assert suite.run_suite(runs, str(tmp_path), jobs=1, extra=extra, poll=0.5) == []
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    summary = json.loads((out / "summary.json").read_text())
+    # interrupted after step 6 with its last checkpoint at step 4: drop the end markers, resume
+    os.remove(out / "summary.json")
+    assert sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))[-1] == "checkpoint-6"
+    import shutil
+
+    shutil.rmtree(out / "checkpoint-6")
+    assert runs[0].command(str(out))[-2:] == ["--resume_from_checkpoint", str(out / "checkpoint-4")]
+    assert suite.run_suite(runs, str(tmp_path), jobs=1, extra=extra, poll=0.5) == []
+    resumed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # steps 5-6 logged once, after the resume
+    assert [r["reward"] for r in resumed[:4:2]] == [r["reward"] for r in rows[:4:2]]
+    assert json.loads((out / "summary.json").read_text())["window"] == summary["window"]
+    mtime = os.path.getmtime(out / "summary.json")
+    assert suite.run_suite(runs, str(tmp_path), jobs=1, extra=extra, poll=0.5) == []  # finished: skipped
+    assert os.path.getmtime(out / "summary.json") == mtime
+
+
+def test_report_on_a_synthetic_results_folder(tmp_path):
+    import numpy as np
+    import pytest
+
+    report = _load("rlhf_report")
+    values = {"rgpo": [(1.0, 0.3, 2.0), (2.0, 0.5, 1.0)], "grpo": [(3.0, 1.0, 0.5)]}
+    for method, seeds in values.items():
+        for seed, (reward, kl, gold) in enumerate(seeds, start=1):
+            d = tmp_path / f"{method}__s{seed}"
+            d.mkdir()
+            (d / "summary.json").write_text(json.dumps({"reward": reward, "kl_ref": kl, "gold": gold}))
+            (d / "heldout.json").write_text(json.dumps({"reward": reward + 1, "kl_ref": kl, "gold": gold}))
+            (d / "metrics.jsonl").write_text("".join(
+                json.dumps({"step": s, "iteration": s, "reward": reward * s, "kl_ref/monitor": kl}) + "\n"
+                for s in (1, 2, 3)))  # fmt: skip
+    (tmp_path / "ppo__s1").mkdir()  # unfinished: no summary / heldout
+    rows = {r["method"]: r for r in report.table(report.load(str(tmp_path)))}
+    assert rows["rgpo"]["n"] == 2 and rows["rgpo"]["reward"] == pytest.approx(
+        (1.5, np.std([1.0, 2.0], ddof=1), 2)
+    )
+    assert rows["rgpo"]["heldout_reward"][0] == pytest.approx(2.5) and rows["ppo"]["n"] == 0
+    text = report.build_report(str(tmp_path), str(tmp_path / "report"))
+    assert "| rgpo | 2 | 1.500 ± 0.707 | 0.400 ± 0.141 | 1.500 ± 0.707 |" in text
+    assert "| ppo | 0 | not run |" in text and "| grpo | 1 | 3.000 | 1.000 | 0.500 |" in text
+    assert "0.243 / 0.364" in text
+    for name in ("curves.png", "pareto_gold.png", "table.json"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
