@@ -12,7 +12,7 @@ batch is reused and the ratio to pi_old is not identically 1.
 GRPO options orthogonal to the surrogate work as in GRPOTrainer: the ``loss_type`` aggregations ``grpo``,
 ``bnpo``, ``dr_grpo`` and ``dapo``, the entropy bonus (static and adaptive), the top-entropy-quantile token mask,
 the off-policy sequence mask, the bias-corrected KL to the reference and the vLLM importance-sampling
-correction (`SUPPORTED_GRPO_OPTIONS`). Options that would replace the gate (``cispo``, ``sapo``, ``vespo``,
+correction (README: table of GRPO options). Options that would replace the gate (``cispo``, ``sapo``, ``vespo``,
 ``luspo``, two-sided ``delta`` clipping, GRPO's clipping range ``epsilon``) or that only such a loss reads are
 refused at construction with a ``ValueError`` naming the field, rather than silently ignored.
 """
@@ -51,17 +51,6 @@ REFUSED_IF_SET = {
     "vespo_k_neg": "only loss_type='vespo' reads it, a surrogate RGPO replaces",
     "vespo_lambda_neg": "only loss_type='vespo' reads it, a surrogate RGPO replaces",
 }
-# GRPOConfig options that act on the RGPO loss as GRPOTrainer applies them to its own (README table).
-SUPPORTED_GRPO_OPTIONS = (
-    "loss_type",
-    "importance_sampling_level",
-    "entropy_coef",
-    "use_adaptive_entropy",
-    "top_entropy_quantile",
-    "off_policy_mask_threshold",
-    "use_bias_correction_kl",
-    "vllm_importance_sampling_correction",
-)
 
 
 @dataclass
