@@ -102,7 +102,7 @@ def test_cli_and_yaml_override_the_preset(tmp_path):
     assert train.max_completion_length == 256  # the rest of the preset is kept
 
 
-@pytest.mark.parametrize("bad", [["--method", "dpo"], ["--preset", "huge"]])
+@pytest.mark.parametrize("bad", [["--method", "trpo"], ["--preset", "huge"]])
 def test_bad_preset_or_method_is_refused(tmp_path, bad):
     with pytest.raises(ValueError, match="method|preset"):
         recipe.parse_args(bad + ["--output_dir", str(tmp_path)], check_hub=False)
