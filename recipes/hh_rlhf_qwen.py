@@ -17,7 +17,7 @@ Presets are YAML files in ``recipes/configs/`` passed with ``--config`` (``--pre
 
       accelerate launch --config_file recipes/accelerate_configs/cpu.yaml recipes/hh_rlhf_qwen.py
 
-``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, grpo, ppo_clip_kl, sapo);
+``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo);
 it applies its loss settings over the preset. Precedence: field defaults < method < YAML < command line.
 Any RGPOConfig / GRPOConfig / ModelConfig field can be set. Per-iteration metrics go to
 ``<output_dir>/metrics.jsonl`` (and ``metrics.csv``), the window averages the paper reports to ``summary.json``.
@@ -49,7 +49,9 @@ class HHScriptArguments:
     )
     method: str = field(
         default="rgpo",
-        metadata={"help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, grpo, ppo_clip_kl, sapo."},
+        metadata={
+            "help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo."
+        },
     )
     reward_model_name_or_path: str = field(
         default="OpenAssistant/reward-model-deberta-v3-large-v2",
