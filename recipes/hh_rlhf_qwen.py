@@ -227,27 +227,33 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
     return script_args, training_args, model_args
 
 
-def evaluate_heldout(trainer, tokenizer, script_args, training_args, reward_model, state) -> dict | None:
-    """The same held-out evaluation for every method (`rgpo_trl.rlhf.evaluation`), written to heldout.json."""
+def evaluate_on(trainer, tokenizer, script_args, reward_model, name, split, sampling) -> dict:
+    """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of the trained policy on the first
+    ``heldout_prompts`` prompts of (name, split); gold where the world has one."""
     from rgpo_trl.rlhf.evaluation import evaluate_policy
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
 
-    if state.num_processes > 1:
-        print("[rgpo-trl] held-out evaluation runs in single-process runs only; skipped")
-        return None
-    name, split = script_args.heldout_dataset_name or script_args.dataset_name, script_args.heldout_split
+    n = max(script_args.heldout_prompts, 1)
     prompts, _ = load_hh_helpful_prompts(name, split, tokenizer, script_args.max_prompt_length,
-                                         data_dir=script_args.dataset_data_dir, max_rows=4 * script_args.heldout_prompts)  # fmt: skip
-    prompts = [p["prompt"] for p in prompts.select(range(min(script_args.heldout_prompts, len(prompts))))]
+                                         data_dir=script_args.dataset_data_dir, max_rows=4 * n)  # fmt: skip
+    prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
     gold_fn = None
     if script_args.preset == "tiny":
         from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
     model = trainer.accelerator.unwrap_model(trainer.model)
     result = evaluate_policy(model, tokenizer, prompts, reward_model, ref_model=trainer.ref_model, gold_fn=gold_fn,
-                             max_new_tokens=training_args.max_completion_length, seed=training_args.seed,
-                             temperature=training_args.temperature)  # fmt: skip
-    result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=training_args.seed)
-    with open(os.path.join(training_args.output_dir, "heldout.json"), "w") as f:
+                             **sampling)  # fmt: skip
+    result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=sampling["seed"])
+    return result
+
+
+def write_heldout(trainer, tokenizer, script_args, output_dir, reward_model, sampling) -> dict:
+    """The same held-out evaluation for every method, written to heldout.json."""
+    name = script_args.heldout_dataset_name or script_args.dataset_name
+    result = evaluate_on(
+        trainer, tokenizer, script_args, reward_model, name, script_args.heldout_split, sampling
+    )
+    with open(os.path.join(output_dir, "heldout.json"), "w") as f:
         json.dump(result, f, indent=2)
     print(f"[rgpo-trl] held-out: {json.dumps(result)}")
     return result
@@ -259,8 +265,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     (summary.json, the counterpart of the online methods' window) and on held-out prompts (heldout.json)."""
     from trl import DPOTrainer, get_peft_config
 
-    from rgpo_trl.rlhf.evaluation import evaluate_policy
-    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts, load_hh_preference_pairs
+    from rgpo_trl.rlhf.hh_data import load_hh_preference_pairs
     from rgpo_trl.rlhf.rewards import load_pairwise_reward
 
     unused = script_args.unused_preset_settings
@@ -283,34 +288,17 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         return {}
     reward_model = load_pairwise_reward(script_args.reward_model_name_or_path, batch_size=script_args.reward_batch_size,
                                         max_length=script_args.reward_max_length).to(trainer.accelerator.device)  # fmt: skip
-    gold_fn = None
-    if script_args.preset == "tiny":
-        from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
-    model = trainer.accelerator.unwrap_model(trainer.model)
     sampling = {"max_new_tokens": int(unused.get("max_completion_length", 64)),
                 "temperature": float(unused.get("temperature", 1.0)), "seed": training_args.seed}  # fmt: skip
-    n = max(script_args.heldout_prompts, 1)
-    prompts, _ = load_hh_helpful_prompts(script_args.dataset_name, script_args.dataset_split, tokenizer,
-                                         script_args.max_prompt_length, data_dir=script_args.dataset_data_dir,
-                                         max_rows=4 * n)  # fmt: skip
-    train_prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
-    summary = evaluate_policy(model, tokenizer, train_prompts, reward_model, ref_model=trainer.ref_model,
-                              gold_fn=gold_fn, **sampling)  # fmt: skip
+    summary = evaluate_on(trainer, tokenizer, script_args, reward_model, script_args.dataset_name,
+                          script_args.dataset_split, sampling)  # fmt: skip
     summary.update(method=script_args.method, world_size=state.num_processes, pairs=len(pairs),
                    optimizer_steps=trainer.state.global_step, unused_settings=unused,
                    evaluated_on="training prompts, one sample each after training")  # fmt: skip
     with open(os.path.join(training_args.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if script_args.heldout_prompts > 0:
-        name, split = script_args.heldout_dataset_name or script_args.dataset_name, script_args.heldout_split
-        held, _ = load_hh_helpful_prompts(name, split, tokenizer, script_args.max_prompt_length,
-                                          data_dir=script_args.dataset_data_dir, max_rows=4 * n)  # fmt: skip
-        held_prompts = [p["prompt"] for p in held.select(range(min(n, len(held))))]
-        result = evaluate_policy(model, tokenizer, held_prompts, reward_model, ref_model=trainer.ref_model,
-                                 gold_fn=gold_fn, **sampling)  # fmt: skip
-        result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=training_args.seed)
-        with open(os.path.join(training_args.output_dir, "heldout.json"), "w") as f:
-            json.dump(result, f, indent=2)
+        write_heldout(trainer, tokenizer, script_args, training_args.output_dir, reward_model, sampling)
     print(f"[rgpo-trl] {script_args.method}: {json.dumps(summary)}")
     return summary
 
@@ -423,8 +411,12 @@ def main(argv: list[str] | None = None) -> dict:
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     if script_args.save_final_model:
         trainer.save_model(training_args.output_dir)
-    if script_args.heldout_prompts > 0:
-        evaluate_heldout(trainer, tokenizer, script_args, training_args, reward_model, state)
+    if script_args.heldout_prompts > 0 and state.num_processes > 1:
+        print("[rgpo-trl] held-out evaluation runs in single-process runs only; skipped")
+    elif script_args.heldout_prompts > 0:
+        sampling = {"max_new_tokens": training_args.max_completion_length, "temperature": training_args.temperature,
+                    "seed": training_args.seed}  # fmt: skip
+        write_heldout(trainer, tokenizer, script_args, training_args.output_dir, reward_model, sampling)
     summary = {}
     summary_path = os.path.join(training_args.output_dir, "summary.json")
     if state.is_main_process and os.path.exists(summary_path):
