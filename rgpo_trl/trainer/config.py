@@ -53,6 +53,18 @@ REFUSED_IF_SET = {
 }
 
 
+def refuse_changed_grpo_fields(config: GRPOConfig, reasons: dict[str, str], trainer: str) -> None:
+    """Raise for the first field of ``reasons`` set away from its `GRPOConfig` default (an ``epsilon_high`` equal to
+    ``epsilon`` is GRPOConfig's own default, not a change)."""
+    defaults = {f.name: f.default for f in fields(GRPOConfig) if f.name in reasons}
+    for name, why in reasons.items():
+        value = getattr(config, name)
+        if value != defaults[name] and not (name == "epsilon_high" and value == config.epsilon):
+            raise ValueError(
+                f"{name}={value!r} is not supported by {trainer}: {why}. Leave it at its default ({defaults[name]!r})."
+            )
+
+
 @dataclass
 class RGPOConfig(GRPOConfig):
     r"""
@@ -235,14 +247,7 @@ class RGPOConfig(GRPOConfig):
                 f"{self.importance_sampling_level!r}"
             )
         # GRPO options that would change or replace the gate, or that only such a loss reads: refused, never ignored.
-        defaults = {f.name: f.default for f in fields(GRPOConfig) if f.name in REFUSED_IF_SET}
-        for name, why in REFUSED_IF_SET.items():
-            value = getattr(self, name)
-            if value != defaults[name] and not (name == "epsilon_high" and value == self.epsilon):
-                raise ValueError(
-                    f"{name}={value!r} is not supported by RGPOTrainer: {why}. Leave it at its default "
-                    f"({defaults[name]!r})."
-                )
+        refuse_changed_grpo_fields(self, REFUSED_IF_SET, "RGPOTrainer")
 
     def make_gate(self) -> Gate:
         """The `Gate` named by ``gate`` with ``gate_params``."""

@@ -32,19 +32,15 @@ from trl.trainer.utils import get_config_model_id
 
 from ..core import masked_mean
 from ..core.ppo_rlhf import clipped_surrogate, clipped_value_loss, gae, masked_whiten, shaped_rewards
+from .config import refuse_changed_grpo_fields
 
 # GRPOConfig fields PPO-RLHF does not read (its advantages come from GAE, its loss is PPO's): refused when set.
+_WHY = "its advantages come from GAE with a value model and its loss is PPO's clipped surrogate"
 _PPO_REFUSED = {
-    "loss_type": "dapo",
-    "scale_rewards": "group",
-    "multi_objective_aggregation": "sum_then_normalize",
-    "importance_sampling_level": "token",
-    "delta": None,
-    "entropy_coef": 0.0,
-    "use_adaptive_entropy": False,
-    "top_entropy_quantile": 1.0,
-    "off_policy_mask_threshold": None,
-}
+    name: _WHY
+    for name in ("loss_type", "scale_rewards", "multi_objective_aggregation", "importance_sampling_level", "delta",
+                 "entropy_coef", "use_adaptive_entropy", "top_entropy_quantile", "off_policy_mask_threshold")
+}  # fmt: skip
 
 
 @dataclass
@@ -93,12 +89,7 @@ class PPORLHFConfig(GRPOConfig):
             raise ValueError(
                 "use_bias_correction_kl must be False for PPO-RLHF: the KL is part of the reward"
             )
-        for name, default in _PPO_REFUSED.items():
-            if getattr(self, name) != default:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} is not supported by PPORLHFTrainer (its advantages come from "
-                    f"GAE with a value model and its loss is PPO's clipped surrogate); leave it at {default!r}."
-                )
+        refuse_changed_grpo_fields(self, _PPO_REFUSED, "PPORLHFTrainer")
         super().__post_init__()
 
 
