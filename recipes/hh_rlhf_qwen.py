@@ -227,9 +227,9 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
     return script_args, training_args, model_args
 
 
-def evaluate_on(trainer, tokenizer, script_args, reward_model, name, split, sampling) -> dict:
-    """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of the trained policy on the first
-    ``heldout_prompts`` prompts of (name, split); gold where the world has one."""
+def evaluate_on(model, ref_model, tokenizer, script_args, reward_model, name, split, sampling) -> dict:
+    """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on the first ``heldout_prompts`` prompts
+    of (name, split); gold where the world has one."""
     from rgpo_trl.rlhf.evaluation import evaluate_policy
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
 
@@ -240,18 +240,17 @@ def evaluate_on(trainer, tokenizer, script_args, reward_model, name, split, samp
     gold_fn = None
     if script_args.preset == "tiny":
         from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    result = evaluate_policy(model, tokenizer, prompts, reward_model, ref_model=trainer.ref_model, gold_fn=gold_fn,
+    result = evaluate_policy(model, tokenizer, prompts, reward_model, ref_model=ref_model, gold_fn=gold_fn,
                              **sampling)  # fmt: skip
     result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=sampling["seed"])
     return result
 
 
-def write_heldout(trainer, tokenizer, script_args, output_dir, reward_model, sampling) -> dict:
+def write_heldout(model, ref_model, tokenizer, script_args, output_dir, reward_model, sampling) -> dict:
     """The same held-out evaluation for every method, written to heldout.json."""
     name = script_args.heldout_dataset_name or script_args.dataset_name
     result = evaluate_on(
-        trainer, tokenizer, script_args, reward_model, name, script_args.heldout_split, sampling
+        model, ref_model, tokenizer, script_args, reward_model, name, script_args.heldout_split, sampling
     )
     with open(os.path.join(output_dir, "heldout.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -260,45 +259,61 @@ def write_heldout(trainer, tokenizer, script_args, output_dir, reward_model, sam
 
 
 def run_offline(script_args, training_args, model_args, tokenizer, state) -> dict:
-    """DPO: TRL's DPOTrainer on the dataset's chosen/rejected pairs from the same initial policy (and reference),
-    for as many optimizer steps as the online methods take, then the shared evaluation on training prompts
+    """An offline method: DPO (TRL's DPOTrainer on the dataset's chosen/rejected pairs from the same initial policy
+    and reference, for as many optimizer steps as the online methods take) or ``sft`` (no training: the initial
+    policy itself, the baseline every method starts from). Then the shared evaluation on training prompts
     (summary.json, the counterpart of the online methods' window) and on held-out prompts (heldout.json)."""
-    from trl import DPOTrainer, get_peft_config
+    from transformers import AutoModelForCausalLM
+    from trl import get_peft_config
 
     from rgpo_trl.rlhf.hh_data import load_hh_preference_pairs
+    from rgpo_trl.rlhf.methods import get_rlhf_method
     from rgpo_trl.rlhf.rewards import load_pairwise_reward
 
+    method = get_rlhf_method(script_args.method)
     unused = script_args.unused_preset_settings
     if state.is_main_process and unused:
         print(f"[rgpo-trl] {script_args.method} does not read these settings: {unused}")
-    with state.main_process_first():
-        pairs, stats = load_hh_preference_pairs(script_args.dataset_name, script_args.dataset_split, tokenizer,
-                                                script_args.max_prompt_length, data_dir=script_args.dataset_data_dir)  # fmt: skip
-    if script_args.max_train_prompts is not None:
-        pairs = pairs.select(range(min(script_args.max_train_prompts, len(pairs))))
-    if training_args.max_steps is None or training_args.max_steps <= 0:
-        training_args.max_steps = script_args.num_rl_iterations * int(unused.get("num_iterations", 2))
-    trainer = DPOTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=pairs,
-                         processing_class=tokenizer, peft_config=get_peft_config(model_args))  # fmt: skip
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    if script_args.save_final_model:
-        trainer.save_model(training_args.output_dir)
+    info: dict = {}
+    if method.trainer_class is None:  # the initial policy, evaluated as it is (its own reference: KL_ref = 0)
+        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(state.device)
+        ref_model, device = model, state.device
+        info.update(optimizer_steps=0)
+    else:
+        with state.main_process_first():
+            pairs, stats = load_hh_preference_pairs(script_args.dataset_name, script_args.dataset_split, tokenizer,
+                                                    script_args.max_prompt_length,
+                                                    data_dir=script_args.dataset_data_dir)  # fmt: skip
+        if script_args.max_train_prompts is not None:
+            pairs = pairs.select(range(min(script_args.max_train_prompts, len(pairs))))
+        if training_args.max_steps is None or training_args.max_steps <= 0:
+            training_args.max_steps = script_args.num_rl_iterations * int(unused.get("num_iterations", 2))
+        trainer = method.trainer_class(model=model_args.model_name_or_path, args=training_args, train_dataset=pairs,
+                                       processing_class=tokenizer, peft_config=get_peft_config(model_args))  # fmt: skip
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        if script_args.save_final_model:
+            trainer.save_model(training_args.output_dir)
+        model, ref_model = trainer.accelerator.unwrap_model(trainer.model), trainer.ref_model
+        device = trainer.accelerator.device
+        info.update(pairs=len(pairs), optimizer_steps=trainer.state.global_step)
     if state.num_processes > 1:
-        print("[rgpo-trl] the DPO evaluation runs in single-process runs only; skipped")
+        print(f"[rgpo-trl] the {method.name} evaluation runs in single-process runs only; skipped")
         return {}
     reward_model = load_pairwise_reward(script_args.reward_model_name_or_path, batch_size=script_args.reward_batch_size,
-                                        max_length=script_args.reward_max_length).to(trainer.accelerator.device)  # fmt: skip
+                                        max_length=script_args.reward_max_length).to(device)  # fmt: skip
     sampling = {"max_new_tokens": int(unused.get("max_completion_length", 64)),
                 "temperature": float(unused.get("temperature", 1.0)), "seed": training_args.seed}  # fmt: skip
-    summary = evaluate_on(trainer, tokenizer, script_args, reward_model, script_args.dataset_name,
+    summary = evaluate_on(model, ref_model, tokenizer, script_args, reward_model, script_args.dataset_name,
                           script_args.dataset_split, sampling)  # fmt: skip
-    summary.update(method=script_args.method, world_size=state.num_processes, pairs=len(pairs),
-                   optimizer_steps=trainer.state.global_step, unused_settings=unused,
+    summary.update(method=script_args.method, world_size=state.num_processes, **info, unused_settings=unused,
                    evaluated_on="training prompts, one sample each after training")  # fmt: skip
+    os.makedirs(training_args.output_dir, exist_ok=True)
     with open(os.path.join(training_args.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if script_args.heldout_prompts > 0:
-        write_heldout(trainer, tokenizer, script_args, training_args.output_dir, reward_model, sampling)
+        write_heldout(
+            model, ref_model, tokenizer, script_args, training_args.output_dir, reward_model, sampling
+        )
     print(f"[rgpo-trl] {script_args.method}: {json.dumps(summary)}")
     return summary
 
@@ -416,7 +431,15 @@ def main(argv: list[str] | None = None) -> dict:
     elif script_args.heldout_prompts > 0:
         sampling = {"max_new_tokens": training_args.max_completion_length, "temperature": training_args.temperature,
                     "seed": training_args.seed}  # fmt: skip
-        write_heldout(trainer, tokenizer, script_args, training_args.output_dir, reward_model, sampling)
+        write_heldout(
+            trainer.accelerator.unwrap_model(trainer.model),
+            trainer.ref_model,
+            tokenizer,
+            script_args,
+            training_args.output_dir,
+            reward_model,
+            sampling,
+        )
     summary = {}
     summary_path = os.path.join(training_args.output_dir, "summary.json")
     if state.is_main_process and os.path.exists(summary_path):

@@ -8,6 +8,12 @@ Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.jsonl}``. Pe
 proxy reward, KL_ref and gold, and of the held-out proxy reward, gold and KL_ref. Methods with no finished run
 are listed as not run. Figures: reward and KL_ref per iteration (mean +- 1 std over seeds), the reward-KL_ref
 Pareto plot (seeds small, means large) and gold against sqrt(KL_ref) per method (over-optimisation curves).
+
+With the ``sft`` baseline (the initial policy through the same evaluation) it also writes what the gold score
+adds: each method's gold minus the SFT policy's gold (Welch 95% interval over seeds), in the pre-registered
+window and at the method's best 25-iteration bin (picked after seeing the curve, so optimistic), and whether the
+proxy-gold gap grows with KL_ref: per 25-iteration bin of every online run, the proxy shift minus the gold
+shift from the SFT policy, each in units of the SFT policy's per-sample std, against KL_ref (Spearman).
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ import json
 import os
 
 import numpy as np
+from scipy import stats
 
-METHODS = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo", "dpo"]
+METHODS = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo", "dpo", "sft"]
+ONLINE = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"]
+BIN = 25  # iterations per bin of the per-iteration curves (25 x 16 samples per bin and seed)
+PROXY, GOLD, KL = "rewards/reward_model/mean", "rewards/gold/mean", "kl_ref/monitor"
 # The paper's Table rlhf_main (reward improvement over the initial policy; KL to the reference), Qwen2.5-1.5B.
 PAPER = {"rgpo": {"reward": 0.243, "kl_ref": 0.364}, "ppo": {"reward": 0.211, "kl_ref": 0.434},
          "grpo": {"reward": 0.236, "kl_ref": 0.778}, "dpo": {"kl_ref": 0.079}}  # fmt: skip
@@ -80,52 +90,170 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def figures(runs: dict[str, list[dict]], out: str) -> list[str]:
+def binned(run: dict, key: str, width: int = BIN) -> dict[int, float]:
+    """Mean of ``key`` per bin of ``width`` iterations (bin b holds iterations b*width+1 .. (b+1)*width)."""
+    by_bin: dict[int, list[float]] = {}
+    for row in run["rows"]:
+        if row.get(key) is not None and np.isfinite(row[key]):
+            by_bin.setdefault((row["iteration"] - 1) // width, []).append(row[key])
+    return {b: float(np.mean(v)) for b, v in sorted(by_bin.items())}
+
+
+def welch(a, b) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its Welch 95% confidence interval."""
+    res = stats.ttest_ind(a, b, equal_var=False)
+    ci = res.confidence_interval(0.95)
+    return float(np.mean(a) - np.mean(b)), float(ci.low), float(ci.high)
+
+
+def gold_vs_sft(runs: dict[str, list[dict]]) -> list[dict]:
+    """Per method: window gold - SFT gold, and best-bin gold - SFT gold, with Welch 95% intervals over seeds."""
+    sft = [r["summary"]["gold"] for r in runs.get("sft", [])]
+    out = []
+    if len(sft) < 2:
+        return out
+    for m in METHODS[:-1]:
+        rs = runs.get(m, [])
+        if len(rs) < 2:
+            continue
+        row = {
+            "method": m,
+            "n": len(rs),
+            "n_sft": len(sft),
+            "window": welch([r["summary"]["gold"] for r in rs], sft),
+        }
+        curves = [binned(r, GOLD) for r in rs]
+        common = sorted(set.intersection(*(set(c) for c in curves))) if all(curves) else []
+        if common:
+            best = max(common, key=lambda b: np.mean([c[b] for c in curves]))
+            row["best_bin"] = (best * BIN + 1, (best + 1) * BIN)
+            row["best"] = welch([c[best] for c in curves], sft)
+        out.append(row)
+    return out
+
+
+def overoptimisation(runs: dict[str, list[dict]]) -> dict | None:
+    """Proxy shift minus gold shift from the SFT policy (each in SFT per-sample std units) per bin of every
+    online run, against the bin's KL_ref: Spearman correlation, pooled and per method."""
+    sft = [r["summary"] for r in runs.get("sft", [])]
+    if not sft or any(k not in s for s in sft for k in ("reward_std", "gold_std")):
+        return None
+    p0, g0 = np.mean([s["reward"] for s in sft]), np.mean([s["gold"] for s in sft])
+    ps, gs = np.mean([s["reward_std"] for s in sft]), np.mean([s["gold_std"] for s in sft])
+    points = []
+    for m in ONLINE:
+        for r in runs.get(m, []):
+            proxy, gold, kl = binned(r, PROXY), binned(r, GOLD), binned(r, KL)
+            for b in sorted(set(proxy) & set(gold) & set(kl)):
+                points.append((m, r["seed"], b, kl[b], (proxy[b] - p0) / ps - (gold[b] - g0) / gs))
+    if len(points) < 3:
+        return None
+    kl, gap = np.array([p[3] for p in points]), np.array([p[4] for p in points])
+    rho = stats.spearmanr(kl, gap)
+    per_method = {}
+    for m in ONLINE:
+        sel = [i for i, p in enumerate(points) if p[0] == m]
+        if len(sel) >= 3:
+            per_method[m] = float(stats.spearmanr(kl[sel], gap[sel]).statistic)
+    return {"points": points, "rho": float(rho.statistic), "p": float(rho.pvalue), "per_method": per_method,
+            "sft": {"reward": p0, "gold": g0, "reward_std": ps, "gold_std": gs}}  # fmt: skip
+
+
+def gold_markdown(rows: list[dict], over: dict | None) -> str:
+    if not rows:
+        return (
+            "Gold vs the SFT policy: needs at least 2 finished seeds of the `sft` baseline and of a method."
+        )
+    lines = ["| method | n | window gold - SFT gold [95% CI] | best bin (iterations) | best-bin gold - SFT gold "
+             "[95% CI] |", "|---|---|---|---|---|"]  # fmt: skip
+    fmt = lambda t: f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"  # noqa: E731
+    for r in rows:
+        best = f"{r['best_bin'][0]}-{r['best_bin'][1]} | {fmt(r['best'])}" if "best" in r else "- | -"
+        lines.append(f"| {r['method']} | {r['n']} | {fmt(r['window'])} | {best} |")
+    text = ("Gold minus the SFT policy's gold (n_sft = "
+            f"{rows[0]['n_sft']} evaluation seeds), Welch 95% interval over seeds. The window is fixed in advance; "
+            "the best bin is the 25-iteration bin with the highest seed-mean gold, chosen after seeing the curve "
+            "(an optimistic estimate).\n\n" + "\n".join(lines))  # fmt: skip
+    if over is not None:
+        per = ", ".join(f"{m} {v:+.2f}" for m, v in over["per_method"].items())
+        text += (f"\n\nProxy-gold gap vs KL_ref: Spearman rho = {over['rho']:+.3f} (p = {over['p']:.2g}) over "
+                 f"{len(over['points'])} bins of {BIN} iterations of all online runs; per method: {per}. Gap = proxy "
+                 "shift - gold shift from the SFT policy, each in units of the SFT policy's per-sample std "
+                 f"(proxy {over['sft']['reward_std']:.3f}, gold {over['sft']['gold_std']:.3f}).")  # fmt: skip
+    return text
+
+
+def figures(runs: dict[str, list[dict]], out: str, over: dict | None = None) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for i, m in enumerate(METHODS):
+    sft_gold = [r["summary"]["gold"] for r in runs.get("sft", []) if "gold" in r["summary"]]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.4))
+    for i, m in enumerate(ONLINE):
         rs = [r for r in runs.get(m, []) if r["rows"]]
         if not rs:
             continue
-        for ax, key in zip(axes, ("reward", "kl_ref/monitor"), strict=True):
-            per_seed = []
-            for r in rs:
-                by_it: dict[int, list[float]] = {}
-                for row in r["rows"]:
-                    if row.get(key) is not None:
-                        by_it.setdefault(row["iteration"], []).append(row[key])
-                per_seed.append({it: float(np.mean(v)) for it, v in by_it.items()})
-            its = sorted(set.intersection(*(set(s) for s in per_seed)))
-            y = np.array([[s[it] for it in its] for s in per_seed])
-            mu, sd = y.mean(0), y.std(0, ddof=1) if len(y) > 1 else np.zeros(len(its))
+        for ax, key, width in zip(axes, ("reward", KL, GOLD), (1, 1, BIN), strict=True):
+            per_seed = [binned(r, key, width) for r in rs]
+            xs = sorted(set.intersection(*(set(c) for c in per_seed)))
+            if not xs:
+                continue
+            y = np.array([[c[b] for b in xs] for c in per_seed])
+            mu, sd = y.mean(0), y.std(0, ddof=1) if len(y) > 1 else np.zeros(len(xs))
+            its = np.array(xs) * width + (width + 1) / 2
             ax.plot(its, mu, color=f"C{i}", label=f"{m} (n={len(rs)})", lw=1)
             ax.fill_between(its, mu - sd, mu + sd, color=f"C{i}", alpha=0.2)
             ax.set_xlabel("iteration")
-            ax.set_title(key)
-    axes[0].legend(fontsize=7)
+            ax.set_title(
+                f"{key} (mean ± 1 std over seeds" + (f", {width}-iteration bins)" if width > 1 else ")")
+            )
+    if sft_gold:
+        axes[2].axhline(np.mean(sft_gold), color="k", ls="--", lw=1, label="SFT policy")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     written.append(_save(fig, out, "curves.png"))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     for i, m in enumerate(METHODS):
         rs = runs.get(m, [])
         if not rs:
             continue
         kl = [r["summary"].get("kl_ref") for r in rs]
         rew = [r["summary"].get("reward") for r in rs]
-        gold = [r["summary"].get("gold") for r in rs]
         axes[0].scatter(kl, rew, color=f"C{i}", s=12)
         axes[0].scatter([np.mean(kl)], [np.mean(rew)], color=f"C{i}", s=80, label=m)
-        axes[1].scatter(np.sqrt(np.maximum(kl, 0)), gold, color=f"C{i}", s=12)
-        axes[1].scatter([np.sqrt(max(np.mean(kl), 0))], [np.mean(gold)], color=f"C{i}", s=80, label=m)
-    axes[0].set(xlabel="KL_ref (window)", ylabel="proxy reward (window)", title="reward vs KL_ref")
-    axes[1].set(
-        xlabel="sqrt(KL_ref)", ylabel="gold (window)", title="over-optimisation: gold vs sqrt(KL_ref)"
+        if m in ONLINE:  # gold along training: seed-mean per bin against the seed-mean sqrt(KL_ref)
+            curves = [(binned(r, KL), binned(r, GOLD)) for r in rs if r["rows"]]
+            xs = sorted(set.intersection(*(set(k) & set(g) for k, g in curves))) if curves else []
+            if xs:
+                x = [np.sqrt(max(np.mean([k[b] for k, _ in curves]), 0)) for b in xs]
+                y = [np.mean([g[b] for _, g in curves]) for b in xs]
+                axes[1].plot(x, y, "-o", color=f"C{i}", ms=3, lw=1, label=m)
+        elif rs and "gold" in rs[0]["summary"]:
+            g = [r["summary"]["gold"] for r in rs]
+            axes[1].scatter(
+                [np.sqrt(max(np.mean(kl), 0))], [np.mean(g)], color=f"C{i}", s=60, marker="s", label=m
+            )
+    axes[0].set(
+        xlabel="KL_ref (window)", ylabel="proxy reward (window)", title="reward vs KL_ref (seeds small)"
     )
-    axes[0].legend(fontsize=7)
+    axes[1].set(xlabel="sqrt(KL_ref)", ylabel="gold", title=f"gold vs sqrt(KL_ref), {BIN}-iteration bins")
+    if over is not None:
+        for i, m in enumerate(ONLINE):
+            pts = [p for p in over["points"] if p[0] == m]
+            if pts:
+                axes[2].scatter(
+                    [np.sqrt(max(p[3], 0)) for p in pts], [p[4] for p in pts], color=f"C{i}", s=8, label=m
+                )
+        axes[2].axhline(0, color="k", lw=0.5)
+        axes[2].set(xlabel="sqrt(KL_ref)", ylabel="proxy shift - gold shift (SFT std units)",
+                    title=f"proxy-gold gap (Spearman rho {over['rho']:+.2f})")  # fmt: skip
+    for ax in axes[:2]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     written.append(_save(fig, out, "pareto_gold.png"))
     return written
 
@@ -145,14 +273,20 @@ def build_report(results: str, out: str, plots: bool = True) -> str:
     rows = table(runs)
     with open(os.path.join(out, "table.json"), "w") as f:
         json.dump(rows, f, indent=2)
-    figs = figures(runs, out) if plots else []
+    gold_rows, over = gold_vs_sft(runs), overoptimisation(runs)
+    with open(os.path.join(out, "gold_vs_sft.json"), "w") as f:
+        json.dump(
+            {"rows": gold_rows, "overoptimisation": over and {k: v for k, v in over.items()}}, f, indent=2
+        )
+    figs = figures(runs, out, over) if plots else []
     text = "\n".join([
         "# RLHF comparison vs the paper (Sec. 7.3)", "",
         f"Command: `python recipes/rlhf_report.py {results} --out {out}`. Mean ± sample std (ddof 1) over n finished "
         "seeds; window = the preset's summary window; held-out = one sample per held-out prompt after training "
         "(same reward model, gold rule and KL_ref estimator for every method). The paper's reward column is its "
         "improvement over the initial policy on a different model and reward model: compare orderings, not values.",
-        "", markdown(rows), "", *[f"![{f}]({f})" for f in figs], "",
+        "", markdown(rows), "", "## What the gold score adds", "", gold_markdown(gold_rows, over), "",
+        *[f"![{f}]({f})" for f in figs], "",
     ])  # fmt: skip
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(text)

@@ -1,7 +1,7 @@
 """Run the RLHF comparison as a suite: every method x seed through recipes/hh_rlhf_qwen.py, N at a time,
 finished runs skipped, interrupted runs resumed from their latest Trainer checkpoint.
 
-    python recipes/rlhf_suite.py tiny-paper --jobs 2          # 7 methods x 3 seeds, the paper's protocol
+    python recipes/rlhf_suite.py tiny-paper --jobs 2          # 7 methods + the SFT baseline x 3 seeds
     python recipes/rlhf_suite.py --list
     python recipes/rlhf_report.py results/rlhf/tiny-paper     # the table and figures
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "hh_rlhf_qwen.py")
-METHODS = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo", "dpo"]
+METHODS = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo", "dpo", "sft"]
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,17 @@ class RLHFRun:
         return cmd
 
 
+# the SFT baseline (no training) is evaluated on 512 prompts instead of 64: it is the reference every method's
+# gold is compared with, so its sampling noise should be small
+SFT_EXTRA = ("--heldout_prompts", "512")
+
 SUITES: dict[str, list[RLHFRun]] = {
-    "tiny-paper": [RLHFRun("tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml") for s in (1, 2, 3)
-                   for m in METHODS],
+    "tiny-paper": [RLHFRun("tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml",
+                           SFT_EXTRA if m == "sft" else ()) for s in (1, 2, 3) for m in METHODS],
     # a minute: to try the runner (and for its test)
     "smoke": [RLHFRun("smoke", m, 1, "recipes/configs/hh_rlhf_tiny.yaml",
                       ("--num_rl_iterations", "2", "--max_completion_length", "8", "--heldout_prompts", "4",
-                       "--save_strategy", "no")) for m in ("rgpo", "dpo")],
+                       "--save_strategy", "no")) for m in ("rgpo", "dpo", "sft")],
 }  # fmt: skip
 
 

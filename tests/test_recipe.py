@@ -250,3 +250,27 @@ def test_dpo_baseline_trains_on_the_pairs_and_is_evaluated_like_the_online_metho
     assert heldout["prompts"] == 8 and heldout["kl_ref"] > 0
     assert summary["optimizer_steps"] == 4  # 2 iterations x num_iterations 2, as an online run of the preset
     assert summary["unused_settings"]["num_generations"] == "4"  # listed, not silently dropped
+
+
+def test_sft_baseline_is_the_initial_policy_through_the_same_evaluation(tmp_path, quick_assets):
+    """``sft`` trains nothing: the initial policy is evaluated with the shared code (its own reference, so
+    KL_ref is exactly 0), and with the same sampling seed it draws the same completions as the evaluation
+    code called directly on the initial policy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rgpo_trl.rlhf.evaluation import evaluate_policy
+    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
+    from rgpo_trl.rlhf.rewards import load_pairwise_reward
+    from rgpo_trl.tiny_hh import gold_reward_func
+
+    summary = recipe.main(_tiny_argv(quick_assets, tmp_path, "sft", iterations=2))
+    assert summary["method"] == "sft" and summary["optimizer_steps"] == 0 and summary["kl_ref"] == 0.0
+    tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir, padding_side="left")
+    prompts, _ = load_hh_helpful_prompts(str(quick_assets.train_file), "train", tok, 128, max_rows=32)
+    direct = evaluate_policy(
+        AutoModelForCausalLM.from_pretrained(quick_assets.policy_dir), tok,
+        [p["prompt"] for p in prompts.select(range(8))], load_pairwise_reward(str(quick_assets.reward_model_dir)),
+        gold_fn=gold_reward_func, max_new_tokens=8, temperature=1.0, seed=summary["seed"],
+    )  # fmt: skip
+    assert (summary["reward"], summary["gold"]) == pytest.approx((direct["reward"], direct["gold"]))
+    assert json.loads((tmp_path / "heldout.json").read_text())["kl_ref"] == 0.0

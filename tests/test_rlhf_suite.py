@@ -75,3 +75,47 @@ def test_report_on_a_synthetic_results_folder(tmp_path):
     assert "0.243 / 0.364" in text
     for name in ("curves.png", "pareto_gold.png", "table.json"):
         assert (tmp_path / "report" / name).stat().st_size > 0
+
+
+def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
+    """Known numbers in: the Welch interval against its textbook formula, the best bin, and a gap that grows
+    with KL_ref by construction (Spearman rho = 1)."""
+    import numpy as np
+    import pytest
+    from scipy import stats
+
+    report = _load("rlhf_report")
+    sft_gold, rgpo_window_gold = [1.0, 1.2, 1.1], [2.0, 1.0, 1.6]
+    for seed, gold in enumerate(sft_gold, start=1):
+        d = tmp_path / f"sft__s{seed}"
+        d.mkdir()
+        summary = {"reward": 0.0, "kl_ref": 0.0, "gold": gold, "reward_std": 2.0, "gold_std": 0.5}
+        (d / "summary.json").write_text(json.dumps(summary))
+        (d / "heldout.json").write_text(json.dumps(summary))
+    for seed, gold in enumerate(rgpo_window_gold, start=1):
+        d = tmp_path / f"rgpo__s{seed}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"reward": 1.0, "kl_ref": 0.2, "gold": gold}))
+        (d / "heldout.json").write_text(json.dumps({"reward": 1.0, "kl_ref": 0.2, "gold": gold}))
+        rows = []
+        for it in range(1, 76):  # 3 bins of 25 iterations; gold peaks in the second bin
+            b = (it - 1) // 25
+            kl = 0.1 * (b + 1) + 0.01 * seed
+            rows.append({"iteration": it, "step": it, "reward": 40 * kl, "rewards/reward_model/mean": 40 * kl,
+                         "kl_ref/monitor": kl, "rewards/gold/mean": [1.5, 2.0 + 0.05 * seed, 1.2][b]})  # fmt: skip
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = report.load(str(tmp_path))
+    (row,) = report.gold_vs_sft(runs)
+    a, b = np.array(rgpo_window_gold), np.array(sft_gold)
+    va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)  # Welch-Satterthwaite
+    half = stats.t.ppf(0.975, df) * np.sqrt(va + vb)
+    diff = a.mean() - b.mean()  # 1.5333 - 1.1
+    assert row["window"] == pytest.approx((diff, diff - half, diff + half))
+    assert row["best_bin"] == (26, 50) and row["best"][0] == pytest.approx(2.1 - 1.1)
+    over = report.overoptimisation(runs)
+    assert over["rho"] == pytest.approx(1.0) and len(over["points"]) == 9
+    # the first bin of seed 1: proxy shift (4.4 - 0) / 2 minus gold shift (1.5 - 1.1) / 0.5
+    assert over["points"][0][4] == pytest.approx(4.4 / 2 - 0.4 / 0.5)
+    text = report.build_report(str(tmp_path), str(tmp_path / "report"))
+    assert "| rgpo | 3 | +0.433 [" in text and "| sft | 3 |" in text and "Spearman rho = +1.000" in text

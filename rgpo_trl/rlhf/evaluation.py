@@ -94,9 +94,21 @@ def evaluate_policy(
     result = {
         "prompts": len(prompts),
         "reward": sum(rewards) / len(rewards),
+        "reward_std": _sample_std(rewards),
         "kl_ref": kl_sums / max(kl_counts, 1.0),
         "completion_tokens_mean": kl_counts / len(prompts),
     }
     if gold_fn is not None:
         result["gold"] = sum(golds) / len(golds)
+        result["gold_std"] = _sample_std(golds)
     return result
+
+
+def _sample_std(values: Sequence[float]) -> float:
+    """Sample standard deviation (ddof 1) over completions: the scale of a score, e.g. to express a shift of the
+    proxy reward and of the gold score in the same units."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    mean = sum(values) / n
+    return (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5

@@ -17,6 +17,7 @@ rate, ``num_iterations``) comes from the preset, so runs differ only in the poli
 - ``sapo``: TRL's SAPO soft gate (``loss_type="sapo"``) with the same beta_ref = 0.05.
 - ``dpo``: TRL's DPOTrainer (beta 0.1) on the dataset's chosen/rejected pairs, same initial policy and
   reference; offline, so its reward, gold and KL_ref come from the shared end-of-run evaluation.
+- ``sft``: no training; the initial policy through the same evaluation (KL_ref = 0): the baseline.
 
 More are added with `register_rlhf_method`. KL to the reference is the paper's primary RLHF stability
 metric, also for GRPO, which does not optimise it: `ReferenceKLMonitor` computes it the same way for every
@@ -117,8 +118,8 @@ class RLHFMethod:
     the shared preset, and the metrics it adds to `BASE_METRICS`."""
 
     name: str
-    trainer_class: type[GRPOTrainer]
-    config_class: type[GRPOConfig]
+    trainer_class: type[GRPOTrainer] | type[DPOTrainer] | None  # None: no training (the SFT baseline)
+    config_class: type[GRPOConfig] | type[DPOConfig]
     config: dict[str, Any]
     metrics: dict[str, str] = field(default_factory=dict)
     online: bool = True  # False: trained on the preference pairs (DPO), evaluated with the same sampling code
@@ -300,3 +301,5 @@ def format_table(
 
 
 register_rlhf_method(RLHFMethod("dpo", DPOTrainer, DPOConfig, {"beta": 0.1}, online=False))
+# The initial (SFT) policy, evaluated with the same code and no training: the baseline a method must beat.
+register_rlhf_method(RLHFMethod("sft", None, DPOConfig, {}, online=False))
