@@ -62,9 +62,13 @@ def mean_std(values) -> tuple[float, float, int]:
 
 def table(runs: dict[str, list[dict]]) -> list[dict]:
     rows = []
+    sft = [r["summary"]["reward"] for r in runs.get("sft", [])]
+    sft_reward = float(np.mean(sft)) if sft else float("nan")
     for m in METHODS:
         rs = runs.get(m, [])
         row = {"method": m, "n": len(rs)}
+        # the paper reports the reward as an improvement over the initial policy: the same against `sft`
+        row["reward_gain"] = mean_std([r["summary"].get("reward") - sft_reward for r in rs])
         for key in ("reward", "kl_ref", "gold"):
             row[key] = mean_std([r["summary"].get(key) for r in rs])
             row[f"heldout_{key}"] = mean_std([r["heldout"].get(key) for r in rs])
@@ -80,12 +84,14 @@ def _cell(ms, digits=3) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| method | n | reward (window) | KL_ref (window) | gold (window) | held-out reward | held-out gold | "
-             "held-out KL_ref | paper: reward / KL_ref |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| method | n | reward (window) | reward - SFT | KL_ref (window) | gold (window) | held-out reward | "
+             "held-out gold | held-out KL_ref | paper: reward gain / KL_ref |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         p = PAPER.get(r["method"], {})
         paper = f"{p.get('reward', '-')} / {p.get('kl_ref', '-')}" if p else "-"
-        lines.append(f"| {r['method']} | {r['n']} | {_cell(r['reward'])} | {_cell(r['kl_ref'])} | {_cell(r['gold'])} | "
+        lines.append(f"| {r['method']} | {r['n']} | {_cell(r['reward'])} | {_cell(r['reward_gain'])} | "
+                     f"{_cell(r['kl_ref'])} | {_cell(r['gold'])} | "
                      f"{_cell(r['heldout_reward'])} | {_cell(r['heldout_gold'])} | {_cell(r['heldout_kl_ref'])} | {paper} |")  # fmt: skip
     return "\n".join(lines)
 

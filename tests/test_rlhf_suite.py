@@ -70,8 +70,8 @@ def test_report_on_a_synthetic_results_folder(tmp_path):
     )
     assert rows["rgpo"]["heldout_reward"][0] == pytest.approx(2.5) and rows["ppo"]["n"] == 0
     text = report.build_report(str(tmp_path), str(tmp_path / "report"))
-    assert "| rgpo | 2 | 1.500 ± 0.707 | 0.400 ± 0.141 | 1.500 ± 0.707 |" in text
-    assert "| ppo | 0 | not run |" in text and "| grpo | 1 | 3.000 | 1.000 | 0.500 |" in text
+    assert "| rgpo | 2 | 1.500 ± 0.707 | not run | 0.400 ± 0.141 | 1.500 ± 0.707 |" in text  # no sft: no gain
+    assert "| ppo | 0 | not run |" in text and "| grpo | 1 | 3.000 | not run | 1.000 | 0.500 |" in text
     assert "0.243 / 0.364" in text
     for name in ("curves.png", "pareto_gold.png", "table.json"):
         assert (tmp_path / "report" / name).stat().st_size > 0
@@ -118,4 +118,5 @@ def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
     # the first bin of seed 1: proxy shift (4.4 - 0) / 2 minus gold shift (1.5 - 1.1) / 0.5
     assert over["points"][0][4] == pytest.approx(4.4 / 2 - 0.4 / 0.5)
     text = report.build_report(str(tmp_path), str(tmp_path / "report"))
+    assert "| rgpo | 3 | 1.000 ± 0.000 | 1.000 ± 0.000 | 0.200 ± 0.000 |" in text  # reward - sft reward (0)
     assert "| rgpo | 3 | +0.433 [" in text and "| sft | 3 |" in text and "Spearman rho = +1.000" in text
