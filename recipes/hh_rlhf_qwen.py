@@ -113,6 +113,13 @@ class HHScriptArguments:
             "sample each, written to heldout.json); 0 disables. Single-process runs only."
         },
     )
+    train_eval_prompts: int | None = field(
+        default=None,
+        metadata={
+            "help": "Training prompts of an offline method's (dpo, sft) end-of-run evaluation, its counterpart of "
+            "the online methods' window (summary.json); default: heldout_prompts."
+        },
+    )
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -227,13 +234,15 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
     return script_args, training_args, model_args
 
 
-def evaluate_on(model, ref_model, tokenizer, script_args, reward_model, name, split, sampling) -> dict:
-    """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on the first ``heldout_prompts`` prompts
-    of (name, split); gold where the world has one."""
+def evaluate_on(
+    model, ref_model, tokenizer, script_args, reward_model, name, split, sampling, n: int
+) -> dict:
+    """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on the first ``n`` prompts of (name,
+    split); gold where the world has one."""
     from rgpo_trl.rlhf.evaluation import evaluate_policy
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
 
-    n = max(script_args.heldout_prompts, 1)
+    n = max(n, 1)
     prompts, _ = load_hh_helpful_prompts(name, split, tokenizer, script_args.max_prompt_length,
                                          data_dir=script_args.dataset_data_dir, max_rows=4 * n)  # fmt: skip
     prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
@@ -250,7 +259,15 @@ def write_heldout(model, ref_model, tokenizer, script_args, output_dir, reward_m
     """The same held-out evaluation for every method, written to heldout.json."""
     name = script_args.heldout_dataset_name or script_args.dataset_name
     result = evaluate_on(
-        model, ref_model, tokenizer, script_args, reward_model, name, script_args.heldout_split, sampling
+        model,
+        ref_model,
+        tokenizer,
+        script_args,
+        reward_model,
+        name,
+        script_args.heldout_split,
+        sampling,
+        script_args.heldout_prompts,
     )
     with open(os.path.join(output_dir, "heldout.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -303,8 +320,13 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
                                         max_length=script_args.reward_max_length).to(device)  # fmt: skip
     sampling = {"max_new_tokens": int(unused.get("max_completion_length", 64)),
                 "temperature": float(unused.get("temperature", 1.0)), "seed": training_args.seed}  # fmt: skip
+    n_train = (
+        script_args.heldout_prompts
+        if script_args.train_eval_prompts is None
+        else script_args.train_eval_prompts
+    )
     summary = evaluate_on(model, ref_model, tokenizer, script_args, reward_model, script_args.dataset_name,
-                          script_args.dataset_split, sampling)  # fmt: skip
+                          script_args.dataset_split, sampling, n_train)  # fmt: skip
     summary.update(method=script_args.method, world_size=state.num_processes, **info, unused_settings=unused,
                    evaluated_on="training prompts, one sample each after training")  # fmt: skip
     os.makedirs(training_args.output_dir, exist_ok=True)

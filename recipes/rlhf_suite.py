@@ -50,9 +50,9 @@ class RLHFRun:
         return cmd
 
 
-# the SFT baseline (no training) is evaluated on 512 prompts instead of 64: it is the reference every method's
-# gold is compared with, so its sampling noise should be small
-SFT_EXTRA = ("--heldout_prompts", "512")
+# the SFT baseline (no training) is evaluated on 512 training prompts instead of 64: it is the reference of every
+# method's window gold, so its sampling noise should be small; held out, on the same 64 prompts as the others
+SFT_EXTRA = ("--train_eval_prompts", "512")
 
 SUITES: dict[str, list[RLHFRun]] = {
     "tiny-paper": [RLHFRun("tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml",

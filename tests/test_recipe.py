@@ -263,14 +263,18 @@ def test_sft_baseline_is_the_initial_policy_through_the_same_evaluation(tmp_path
     from rgpo_trl.rlhf.rewards import load_pairwise_reward
     from rgpo_trl.tiny_hh import gold_reward_func
 
-    summary = recipe.main(_tiny_argv(quick_assets, tmp_path, "sft", iterations=2))
+    summary = recipe.main(
+        _tiny_argv(quick_assets, tmp_path, "sft", iterations=2, extra=("--train_eval_prompts", "6"))
+    )
     assert summary["method"] == "sft" and summary["optimizer_steps"] == 0 and summary["kl_ref"] == 0.0
+    assert summary["prompts"] == 6  # training prompts: --train_eval_prompts; held out: --heldout_prompts (8)
     tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir, padding_side="left")
     prompts, _ = load_hh_helpful_prompts(str(quick_assets.train_file), "train", tok, 128, max_rows=32)
     direct = evaluate_policy(
         AutoModelForCausalLM.from_pretrained(quick_assets.policy_dir), tok,
-        [p["prompt"] for p in prompts.select(range(8))], load_pairwise_reward(str(quick_assets.reward_model_dir)),
+        [p["prompt"] for p in prompts.select(range(6))], load_pairwise_reward(str(quick_assets.reward_model_dir)),
         gold_fn=gold_reward_func, max_new_tokens=8, temperature=1.0, seed=summary["seed"],
     )  # fmt: skip
     assert (summary["reward"], summary["gold"]) == pytest.approx((direct["reward"], direct["gold"]))
-    assert json.loads((tmp_path / "heldout.json").read_text())["kl_ref"] == 0.0
+    heldout = json.loads((tmp_path / "heldout.json").read_text())
+    assert heldout["kl_ref"] == 0.0 and heldout["prompts"] == 8
