@@ -115,6 +115,7 @@ def welch(a, b) -> tuple[float, float, float]:
 def gold_vs_sft(runs: dict[str, list[dict]]) -> list[dict]:
     """Per method: window gold - SFT gold, and best-bin gold - SFT gold, with Welch 95% intervals over seeds."""
     sft = [r["summary"]["gold"] for r in runs.get("sft", [])]
+    sft_heldout = [r["heldout"].get("gold") for r in runs.get("sft", [])]
     out = []
     if len(sft) < 2:
         return out
@@ -128,6 +129,9 @@ def gold_vs_sft(runs: dict[str, list[dict]]) -> list[dict]:
             "n_sft": len(sft),
             "window": welch([r["summary"]["gold"] for r in rs], sft),
         }
+        heldout = [r["heldout"].get("gold") for r in rs]
+        if len(sft_heldout) >= 2 and None not in heldout + sft_heldout:
+            row["heldout"] = welch(heldout, sft_heldout)  # same code, same held-out prompts
         curves = [binned(r, GOLD) for r in rs]
         common = sorted(set.intersection(*(set(c) for c in curves))) if all(curves) else []
         if common:
@@ -171,15 +175,17 @@ def gold_markdown(rows: list[dict], over: dict | None) -> str:
             "Gold vs the SFT policy: needs at least 2 finished seeds of the `sft` baseline and of a method."
         )
     lines = ["| method | n | window gold - SFT gold [95% CI] | best bin (iterations) | best-bin gold - SFT gold "
-             "[95% CI] |", "|---|---|---|---|---|"]  # fmt: skip
+             "[95% CI] | held-out gold - SFT held-out gold [95% CI] |", "|---|---|---|---|---|---|"]  # fmt: skip
     fmt = lambda t: f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"  # noqa: E731
     for r in rows:
         best = f"{r['best_bin'][0]}-{r['best_bin'][1]} | {fmt(r['best'])}" if "best" in r else "- | -"
-        lines.append(f"| {r['method']} | {r['n']} | {fmt(r['window'])} | {best} |")
+        held = fmt(r["heldout"]) if "heldout" in r else "-"
+        lines.append(f"| {r['method']} | {r['n']} | {fmt(r['window'])} | {best} | {held} |")
     text = ("Gold minus the SFT policy's gold (n_sft = "
             f"{rows[0]['n_sft']} evaluation seeds), Welch 95% interval over seeds. The window is fixed in advance; "
             "the best bin is the 25-iteration bin with the highest seed-mean gold, chosen after seeing the curve "
-            "(an optimistic estimate).\n\n" + "\n".join(lines))  # fmt: skip
+            "(an optimistic estimate). Held out: the same code on the same held-out prompts for the method and the "
+            "SFT policy, one sample per prompt and seed.\n\n" + "\n".join(lines))  # fmt: skip
     if over is not None:
         per = ", ".join(f"{m} {v:+.2f}" for m, v in over["per_method"].items())
         text += (f"\n\nProxy-gold gap vs KL_ref: Spearman rho = {over['rho']:+.3f} (p = {over['p']:.2g}) over "

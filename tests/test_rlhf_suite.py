@@ -113,6 +113,7 @@ def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
     diff = a.mean() - b.mean()  # 1.5333 - 1.1
     assert row["window"] == pytest.approx((diff, diff - half, diff + half))
     assert row["best_bin"] == (26, 50) and row["best"][0] == pytest.approx(2.1 - 1.1)
+    assert row["heldout"][0] == pytest.approx(diff)  # held-out golds equal the window golds here
     over = report.overoptimisation(runs)
     assert over["rho"] == pytest.approx(1.0) and len(over["points"]) == 9
     # the first bin of seed 1: proxy shift (4.4 - 0) / 2 minus gold shift (1.5 - 1.1) / 0.5
