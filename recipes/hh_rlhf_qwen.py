@@ -328,7 +328,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     summary = evaluate_on(model, ref_model, tokenizer, script_args, reward_model, script_args.dataset_name,
                           script_args.dataset_split, sampling, n_train)  # fmt: skip
     summary.update(method=script_args.method, world_size=state.num_processes, **info, unused_settings=unused,
-                   evaluated_on="training prompts, one sample each after training")  # fmt: skip
+                   evaluated_on="training prompts, one sample each" + (" after training" if info.get("pairs") else ""))  # fmt: skip
     os.makedirs(training_args.output_dir, exist_ok=True)
     with open(os.path.join(training_args.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
