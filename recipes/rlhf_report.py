@@ -3,7 +3,8 @@ held-out evaluation the paper does not have, and the figures.
 
     python recipes/rlhf_report.py results/rlhf/tiny-paper [--out results/rlhf/tiny-paper/report]
 
-Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.jsonl}``. Per method: mean +- sample std
+Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.csv}`` (or ``metrics.jsonl``, the same rows;
+results/ keeps the CSV). Per method: mean +- sample std
 (ddof 1) over the finished seeds (n stated) of the window averages (the paper's iterations 300-400) of the
 proxy reward, KL_ref and gold, and of the held-out proxy reward, gold and KL_ref. Methods with no finished run
 are listed as not run. Figures: reward and KL_ref per iteration (mean +- 1 std over seeds), the reward-KL_ref
@@ -19,6 +20,7 @@ shift from the SFT policy, each in units of the SFT policy's per-sample std, aga
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 
@@ -47,10 +49,20 @@ def load(results: str) -> dict[str, list[dict]]:
         for f in ("summary", "heldout"):
             with open(os.path.join(d, f"{f}.json")) as fh:
                 run[f] = json.load(fh)
-        path = os.path.join(d, "metrics.jsonl")
-        run["rows"] = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+        run["rows"] = read_rows(d)
         runs.setdefault(method, []).append(run)
     return runs
+
+
+def read_rows(run_dir: str) -> list[dict]:
+    """The per-step metric rows of a run: metrics.csv (empty cells: not logged at that step) or metrics.jsonl."""
+    path = os.path.join(run_dir, "metrics.csv")
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            return [{k: (int(float(v)) if k in ("iteration", "step") else float(v)) for k, v in row.items() if v != ""}
+                    for row in csv.DictReader(f)]  # fmt: skip
+    path = os.path.join(run_dir, "metrics.jsonl")
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 
 
 def mean_std(values) -> tuple[float, float, int]:
@@ -189,7 +201,8 @@ def gold_markdown(rows: list[dict], over: dict | None) -> str:
     if over is not None:
         per = ", ".join(f"{m} {v:+.2f}" for m, v in over["per_method"].items())
         text += (f"\n\nProxy-gold gap vs KL_ref: Spearman rho = {over['rho']:+.3f} (p = {over['p']:.2g}) over "
-                 f"{len(over['points'])} bins of {BIN} iterations of all online runs; per method: {per}. Gap = proxy "
+                 f"{len(over['points'])} bins of {BIN} iterations of all online runs (bins of one run are not independent, so "
+                 f"the p-value is optimistic); per method: {per}. Gap = proxy "
                  "shift - gold shift from the SFT policy, each in units of the SFT policy's per-sample std "
                  f"(proxy {over['sft']['reward_std']:.3f}, gold {over['sft']['gold_std']:.3f}).")  # fmt: skip
     return text

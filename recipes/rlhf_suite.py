@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -69,9 +70,15 @@ def finished(out: str) -> bool:
 
 
 def run_suite(
-    runs: list[RLHFRun], results: str, jobs: int, extra: tuple[str, ...] = (), poll: float = 2.0
+    runs: list[RLHFRun],
+    results: str,
+    jobs: int,
+    extra: tuple[str, ...] = (),
+    poll: float = 2.0,
+    keep_checkpoints: bool = False,
 ) -> list:
-    """Run the unfinished ``runs`` ``jobs`` at a time; returns the failed ones with their exit status."""
+    """Run the unfinished ``runs`` ``jobs`` at a time; returns the failed ones with their exit status. A finished
+    run's Trainer checkpoints are deleted unless ``keep_checkpoints`` (its results are what stays)."""
     out = {r: os.path.join(results, r.suite, r.name) for r in runs}
     todo = [r for r in runs if not finished(out[r])]
     print(
@@ -96,6 +103,10 @@ def run_suite(
                     ok = proc.returncode == 0 and finished(out[r])
                     if not ok:
                         failed.append((r, proc.returncode))
+                    elif not keep_checkpoints:
+                        for d in os.listdir(out[r]):
+                            if d.startswith("checkpoint-"):
+                                shutil.rmtree(os.path.join(out[r], d))
                     done = sum(finished(o) for o in out.values())
                     print(f"[{time.time() - start:7.0f}s] {'done' if ok else 'FAILED'} {r.suite}/{r.name}; "
                           f"{done}/{len(runs)} finished", flush=True)  # fmt: skip
@@ -113,6 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--results", default=os.path.join(ROOT, "results", "rlhf"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--list", action="store_true")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' Trainer checkpoints")
     a, extra = p.parse_known_args(argv)
     if a.list or a.suite is None:
         for name, runs in SUITES.items():
@@ -120,7 +132,7 @@ def main(argv=None) -> int:
                 state = "finished" if finished(os.path.join(a.results, name, r.name)) else "-"
                 print(f"{name:11s} {r.name:18s} {state}")
         return 0
-    failed = run_suite(SUITES[a.suite], a.results, a.jobs, tuple(extra))
+    failed = run_suite(SUITES[a.suite], a.results, a.jobs, tuple(extra), keep_checkpoints=a.keep_checkpoints)
     for r, code in failed:
         print(f"failed: {r.suite}/{r.name} (exit {code}), see its run.log")
     return 1 if failed else 0

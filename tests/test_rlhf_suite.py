@@ -27,7 +27,7 @@ def test_suite_runs_skips_and_resumes(tmp_path, quick_assets):
                           ("--num_rl_iterations", "3", "--max_completion_length", "8", "--heldout_prompts", "4",
                            "--save_strategy", "steps", "--save_steps", "2"))]  # fmt: skip
     out = tmp_path / "t" / "rgpo__s1"
-    assert suite.run_suite(runs, str(tmp_path), jobs=1, extra=extra, poll=0.5) == []
+    assert suite.run_suite(runs, str(tmp_path), jobs=1, extra=extra, poll=0.5, keep_checkpoints=True) == []
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     summary = json.loads((out / "summary.json").read_text())
@@ -43,6 +43,7 @@ def test_suite_runs_skips_and_resumes(tmp_path, quick_assets):
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # steps 5-6 logged once, after the resume
     assert [r["reward"] for r in resumed[:4:2]] == [r["reward"] for r in rows[:4:2]]
     assert json.loads((out / "summary.json").read_text())["window"] == summary["window"]
+    assert not [d for d in os.listdir(out) if d.startswith("checkpoint-")]  # finished: checkpoints deleted
     mtime = os.path.getmtime(out / "summary.json")
     assert suite.run_suite(runs, str(tmp_path), jobs=1, extra=extra, poll=0.5) == []  # finished: skipped
     assert os.path.getmtime(out / "summary.json") == mtime
@@ -121,3 +122,18 @@ def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
     text = report.build_report(str(tmp_path), str(tmp_path / "report"))
     assert "| rgpo | 3 | 1.000 ± 0.000 | 1.000 ± 0.000 | 0.200 ± 0.000 |" in text  # reward - sft reward (0)
     assert "| rgpo | 3 | +0.433 [" in text and "| sft | 3 |" in text and "Spearman rho = +1.000" in text
+
+
+def test_report_reads_the_same_rows_from_metrics_csv_as_from_metrics_jsonl(tmp_path):
+    """results/ keeps metrics.csv only; the report must read from it what the JSONL holds (empty cell: not
+    logged at that step)."""
+    report = _load("rlhf_report")
+    rows = [{"iteration": 1, "step": 1, "reward": 1.5, "kl_ref/monitor": 0.25},
+            {"iteration": 1, "step": 2, "loss": -0.125}]  # fmt: skip
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keys = ["iteration", "step", "reward", "kl_ref/monitor", "loss"]
+    lines = [",".join(keys)] + [",".join(str(r.get(k, "")) for k in keys) for r in rows]
+    (tmp_path / "b" / "metrics.csv").write_text("\n".join(lines) + "\n")
+    assert report.read_rows(str(tmp_path / "a")) == report.read_rows(str(tmp_path / "b")) == rows
