@@ -14,6 +14,7 @@ are used to resume; a run is finished when its summary.json and heldout.json exi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -65,6 +66,29 @@ SUITES: dict[str, list[RLHFRun]] = {
 }  # fmt: skip
 
 
+def run_info(command: list[str]) -> dict:
+    """The command, git commit, machine and package versions of a run, written next to its results."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None  # fmt: skip
+        dirty = bool(subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    versions = {}
+    for pkg in ("torch", "transformers", "trl", "accelerate", "datasets", "peft", "deepspeed"):
+        try:
+            versions[pkg] = version(pkg)
+        except PackageNotFoundError:
+            versions[pkg] = None
+    return {"command": [os.path.relpath(c, ROOT) if os.path.isabs(c) and c.startswith(ROOT) else c for c in command],
+            "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count(), "versions": versions}  # fmt: skip
+
+
 def finished(out: str) -> bool:
     return all(os.path.exists(os.path.join(out, f)) for f in ("summary.json", "heldout.json"))
 
@@ -93,8 +117,13 @@ def run_suite(
                 r = todo.pop(0)
                 os.makedirs(out[r], exist_ok=True)
                 log = open(os.path.join(out[r], "run.log"), "a")
-                running[r] = (subprocess.Popen([*r.command(out[r]), *extra], stdout=log, stderr=subprocess.STDOUT,
-                                               env=env, cwd=ROOT), log)  # fmt: skip
+                cmd = [*r.command(out[r]), *extra]
+                info_path = os.path.join(out[r], "run_info.json")
+                previous = json.load(open(info_path)) if os.path.exists(info_path) else []
+                with open(info_path, "w") as f:  # one entry per launch: a resumed run lists every part
+                    json.dump([*previous, run_info(cmd)], f, indent=2)
+                running[r] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT),
+                              log)  # fmt: skip
             time.sleep(poll)
             for r, (proc, log) in list(running.items()):
                 if proc.poll() is not None:

@@ -44,6 +44,9 @@ def test_suite_runs_skips_and_resumes(tmp_path, quick_assets):
     assert [r["reward"] for r in resumed[:4:2]] == [r["reward"] for r in rows[:4:2]]
     assert json.loads((out / "summary.json").read_text())["window"] == summary["window"]
     assert not [d for d in os.listdir(out) if d.startswith("checkpoint-")]  # finished: checkpoints deleted
+    info = json.loads((out / "run_info.json").read_text())  # one entry per launch: the run and its resume
+    assert len(info) == 2 and info[1]["command"][-2:] == ["--cache_dir", extra[-1]]
+    assert "--resume_from_checkpoint" in info[1]["command"] and info[0]["versions"]["trl"]
     mtime = os.path.getmtime(out / "summary.json")
     assert suite.run_suite(runs, str(tmp_path), jobs=1, extra=extra, poll=0.5) == []  # finished: skipped
     assert os.path.getmtime(out / "summary.json") == mtime
