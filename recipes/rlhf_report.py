@@ -131,7 +131,7 @@ def gold_vs_sft(runs: dict[str, list[dict]]) -> list[dict]:
     out = []
     if len(sft) < 2:
         return out
-    for m in METHODS[:-1]:
+    for m in (m for m in METHODS if m != "sft"):
         rs = runs.get(m, [])
         if len(rs) < 2:
             continue
