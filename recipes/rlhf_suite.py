@@ -89,6 +89,20 @@ def run_info(command: list[str]) -> dict:
             "platform": platform.platform(), "cpu_count": os.cpu_count(), "versions": versions}  # fmt: skip
 
 
+def read_run_info(path: str) -> list[dict]:
+    """The launches recorded so far in ``path`` (none if it does not exist); an unreadable file is refused."""
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except ValueError as err:
+        raise SystemExit(f"{path} is not valid JSON ({err}); fix or delete it to go on") from err
+    if not isinstance(info, list):
+        raise SystemExit(f"{path} should hold a list of launches, found {type(info).__name__}")
+    return info
+
+
 def finished(out: str) -> bool:
     return all(os.path.exists(os.path.join(out, f)) for f in ("summary.json", "heldout.json"))
 
@@ -119,7 +133,7 @@ def run_suite(
                 log = open(os.path.join(out[r], "run.log"), "a")
                 cmd = [*r.command(out[r]), *extra]
                 info_path = os.path.join(out[r], "run_info.json")
-                previous = json.load(open(info_path)) if os.path.exists(info_path) else []
+                previous = read_run_info(info_path)
                 with open(info_path, "w") as f:  # one entry per launch: a resumed run lists every part
                     json.dump([*previous, run_info(cmd)], f, indent=2)
                 running[r] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT),

@@ -140,3 +140,17 @@ def test_report_reads_the_same_rows_from_metrics_csv_as_from_metrics_jsonl(tmp_p
     lines = [",".join(keys)] + [",".join(str(r.get(k, "")) for k in keys) for r in rows]
     (tmp_path / "b" / "metrics.csv").write_text("\n".join(lines) + "\n")
     assert report.read_rows(str(tmp_path / "a")) == report.read_rows(str(tmp_path / "b")) == rows
+
+
+def test_a_corrupt_run_info_is_refused_with_its_path(tmp_path):
+    import pytest
+
+    suite = _load("rlhf_suite")
+    path = tmp_path / "run_info.json"
+    assert suite.read_run_info(str(path)) == []
+    path.write_text('[{"command": ["x"]}')  # cut short
+    with pytest.raises(SystemExit, match="run_info.json is not valid JSON"):
+        suite.read_run_info(str(path))
+    path.write_text('{"command": ["x"]}')
+    with pytest.raises(SystemExit, match="should hold a list"):
+        suite.read_run_info(str(path))
