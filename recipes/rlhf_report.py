@@ -117,6 +117,11 @@ def binned(run: dict, key: str, width: int = BIN) -> dict[int, float]:
     return {b: float(np.mean(v)) for b, v in sorted(by_bin.items())}
 
 
+def common_bins(curves: list[dict[int, float]]) -> list[int]:
+    """The bins every curve has (seeds of a run may stop at different iterations), in order."""
+    return sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+
+
 def welch(a, b) -> tuple[float, float, float]:
     """mean(a) - mean(b) and its Welch 95% confidence interval."""
     res = stats.ttest_ind(a, b, equal_var=False)
@@ -145,7 +150,7 @@ def gold_vs_sft(runs: dict[str, list[dict]]) -> list[dict]:
         if len(sft_heldout) >= 2 and None not in heldout + sft_heldout:
             row["heldout"] = welch(heldout, sft_heldout)  # same code, same held-out prompts
         curves = [binned(r, GOLD) for r in rs]
-        common = sorted(set.intersection(*(set(c) for c in curves))) if all(curves) else []
+        common = common_bins(curves)
         if common:
             best = max(common, key=lambda b: np.mean([c[b] for c in curves]))
             row["best_bin"] = (best * BIN + 1, (best + 1) * BIN)
@@ -223,7 +228,7 @@ def figures(runs: dict[str, list[dict]], out: str, over: dict | None = None) -> 
             continue
         for ax, key, width in zip(axes, ("reward", KL, GOLD), (1, 1, BIN), strict=True):
             per_seed = [binned(r, key, width) for r in rs]
-            xs = sorted(set.intersection(*(set(c) for c in per_seed)))
+            xs = common_bins(per_seed)
             if not xs:
                 continue
             y = np.array([[c[b] for b in xs] for c in per_seed])
@@ -252,7 +257,7 @@ def figures(runs: dict[str, list[dict]], out: str, over: dict | None = None) -> 
         axes[0].scatter([np.mean(kl)], [np.mean(rew)], color=f"C{i}", s=80, label=m)
         if m in ONLINE:  # gold along training: seed-mean per bin against the seed-mean sqrt(KL_ref)
             curves = [(binned(r, KL), binned(r, GOLD)) for r in rs if r["rows"]]
-            xs = sorted(set.intersection(*(set(k) & set(g) for k, g in curves))) if curves else []
+            xs = common_bins([k for k, _ in curves] + [g for _, g in curves])
             if xs:
                 x = [np.sqrt(max(np.mean([k[b] for k, _ in curves]), 0)) for b in xs]
                 y = [np.mean([g[b] for _, g in curves]) for b in xs]

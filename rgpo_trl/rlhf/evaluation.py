@@ -9,6 +9,7 @@ numbers are comparable.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -107,8 +108,4 @@ def evaluate_policy(
 def _sample_std(values: Sequence[float]) -> float:
     """Sample standard deviation (ddof 1) over completions: the scale of a score, e.g. to express a shift of the
     proxy reward and of the gold score in the same units."""
-    n = len(values)
-    if n < 2:
-        return float("nan")
-    mean = sum(values) / n
-    return (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    return statistics.stdev(values) if len(values) >= 2 else float("nan")

@@ -214,8 +214,10 @@ def load_hh_raw(
     split: str = "train",
     *,
     data_dir: str | None = HH_HELPFUL_DATA_DIR,
+    max_rows: int | None = None,
 ):
-    """Load raw HH rows from a hub id, a local dataset directory, or a local json/jsonl file."""
+    """Load raw HH rows from a hub id, a local dataset directory, or a local json/jsonl file; ``max_rows`` keeps
+    the first rows only."""
     from datasets import load_dataset
 
     from rgpo_trl.rlhf.hub_access import ensure_loadable
@@ -223,11 +225,13 @@ def load_hh_raw(
     src = ensure_loadable(dataset_name_or_path, kind="dataset")
     if os.path.isfile(src):
         # a single file is always one split, whatever `split` says
-        return load_dataset("json", data_files=src, split="train")
-    if os.path.isdir(src):
+        raw = load_dataset("json", data_files=src, split="train")
+    elif os.path.isdir(src):
         use_dir = data_dir if data_dir and os.path.isdir(os.path.join(src, data_dir)) else None
-        return load_dataset(src, data_dir=use_dir, split=split)
-    return load_dataset(src, data_dir=data_dir, split=split)
+        raw = load_dataset(src, data_dir=use_dir, split=split)
+    else:
+        raw = load_dataset(src, data_dir=data_dir, split=split)
+    return raw if max_rows is None else raw.select(range(min(max_rows, len(raw))))
 
 
 def load_hh_helpful_prompts(
@@ -247,9 +251,7 @@ def load_hh_helpful_prompts(
     that sub-directory exists, e.g. a mirror of the hub repo), or a ``.jsonl`` file. The full
     ``helpful-base`` train split has 43,835 rows. ``max_rows`` keeps the first rows only.
     """
-    raw = load_hh_raw(dataset_name_or_path, split, data_dir=data_dir)
-    if max_rows is not None:
-        raw = raw.select(range(min(max_rows, len(raw))))
+    raw = load_hh_raw(dataset_name_or_path, split, data_dir=data_dir, max_rows=max_rows)
     return hh_rows_to_prompts(raw, tokenizer, max_prompt_length, keep_columns=keep_columns)
 
 
@@ -265,9 +267,7 @@ def load_hh_preference_pairs(
     """HH-RLHF chosen/rejected pairs for TRL's DPOTrainer, in the conversational format: ``prompt`` (the turns
     before the last Assistant turn, parsed and filtered as `load_hh_helpful_prompts` does) and ``chosen`` /
     ``rejected`` (the two final Assistant turns). Rows whose rejected dialogue does not parse are skipped."""
-    raw = load_hh_raw(dataset_name_or_path, split, data_dir=data_dir)
-    if max_rows is not None:
-        raw = raw.select(range(min(max_rows, len(raw))))
+    raw = load_hh_raw(dataset_name_or_path, split, data_dir=data_dir, max_rows=max_rows)
     ds, stats = hh_rows_to_prompts(raw, tokenizer, max_prompt_length, keep_columns=("chosen", "rejected"))
 
     def final_turn(text: Any) -> list[dict[str, str]] | None:
