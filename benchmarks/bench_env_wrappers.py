@@ -30,6 +30,9 @@ import gymnasium as gym
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(
+    0, os.path.join(ROOT, "mujoco_baselines")
+)  # the scripts import their sibling compiled_update.py
 
 
 def load_script_env():

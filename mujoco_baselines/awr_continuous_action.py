@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from compiled_update import CompiledAdamStep, check_compiler
 
 import rgpo_trl
 
@@ -80,6 +81,9 @@ class Args:
     """linearly anneal the learning rate to 0"""
     max_grad_norm: float = 0.5
     """global gradient-norm clip (<= 0 disables)"""
+    compile: bool = False
+    """run each mini-batch update as one torch.compile'd function (compiled_update.py; needs a C++ compiler):
+    the same update, float rounding differs; see benchmarks/results/mujoco_compile.md for speed and equivalence"""
 
     # Rollout / advantage estimation
     num_steps: int = 2048
@@ -245,6 +249,7 @@ RESUME_FREE_ARGS = {
     "checkpoint_dir",
     "resume",
     "keep_checkpoint",
+    "compile",  # both modes keep the same state (compiled_update.py), so either may continue a run
 }
 
 
@@ -381,11 +386,40 @@ def awr_policy_loss(newlogprob, oldlogprob, advantages, beta, max_weight):
     return pg_loss, torch.stack([kl, ess, clipfrac, weights.max()])
 
 
+def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, args):
+    """The mini-batch loss (policy - entropy + value) and what the statistics need, for the eager step and the
+    --compile step alike."""
+    newlogprob = agent.log_prob(agent.actor_mean(mb_obs), mb_actions)
+    newvalue = agent.critic(mb_obs).squeeze(-1)
+    if args.norm_adv:
+        mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+
+    # policy loss
+    pg_loss, mb_stats = awr_policy_loss(newlogprob, mb_oldlogprob, mb_adv, args.awr_beta, args.awr_max_weight)
+
+    # value loss
+    if args.clip_vloss:
+        v_clipped = mb_values + (newvalue - mb_values).clamp(-args.vclip_coef, args.vclip_coef)
+        v_loss = 0.5 * torch.max((newvalue - mb_returns) ** 2, (v_clipped - mb_returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+    loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
+    return loss, (newlogprob, pg_loss, v_loss, mb_stats)
+
+
 STAT_NAMES = ["kl", "ess", "weight_clipfrac", "weight_max"]
 
 
 class NonFiniteLossError(FloatingPointError):
     pass
+
+
+def check_finite(loss, pg_loss, v_loss, iteration, epoch, minibatch):
+    if not torch.isfinite(loss):
+        raise NonFiniteLossError(
+            f"non-finite loss at iteration {iteration} (epoch {epoch}, mini-batch {minibatch}): "
+            f"policy_loss={pg_loss.item()}, value_loss={v_loss.item()}; stopping instead of training on garbage"
+        )
 
 
 def main(args: Args) -> dict:
@@ -427,6 +461,16 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     policy_params = agent.policy_parameters()
     n_policy_params = sum(p.numel() for p in policy_params)
+
+    def loss_fn(agent, *batch):  # the mini-batch loss of the eager and the --compile step
+        return minibatch_loss(agent, *batch, args=args)
+
+    compiled_step = None
+    if args.compile:
+        check_compiler()
+        compiled_step = CompiledAdamStep(
+            agent, optimizer, loss_fn, list(agent.parameters()), args.max_grad_norm, policy_params
+        )
 
     # storage (torch tensors sharing memory with numpy views for the per-step writes)
     T, mb = args.num_steps, args.minibatch_size
@@ -514,53 +558,40 @@ def main(args: Args) -> dict:
             b_returns = torch.as_tensor(adv_np + values_np, dtype=torch.float32)
             b_values, b_logprobs = b_values.clone(), b_logprobs.clone()  # leave inference mode
 
-            # ---- update (PPO / RGPO / AWR differ only in `policy loss` below)
+            # ---- update (PPO / RGPO / AWR differ only in the policy loss of `minibatch_loss`)
             update_start = time.perf_counter()
             stats, losses = [], []
-            g_sum = torch.zeros(n_policy_params)
+            g_sum = torch.zeros(n_policy_params) if compiled_step is None else compiled_step.g_sum.zero_()
             g_sqsum = 0.0
             epochs_run = 0
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(T)
                 for start in range(0, T, mb):
                     idx = perm[start : start + mb]
-                    mb_obs = obs[idx]
-                    newlogprob = agent.log_prob(agent.actor_mean(mb_obs), actions[idx])
-                    newvalue = agent.critic(mb_obs).squeeze(-1)
-                    mb_adv = b_advantages[idx]
-                    if args.norm_adv:
-                        mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-
-                    # policy loss
-                    pg_loss, mb_stats = awr_policy_loss(
-                        newlogprob, b_logprobs[idx], mb_adv, args.awr_beta, args.awr_max_weight
+                    batch = (
+                        obs[idx],
+                        actions[idx],
+                        b_advantages[idx],
+                        b_logprobs[idx],
+                        b_returns[idx],
+                        b_values[idx],
                     )
-
-                    # value loss
-                    mb_ret = b_returns[idx]
-                    if args.clip_vloss:
-                        mb_val = b_values[idx]
-                        v_clipped = mb_val + (newvalue - mb_val).clamp(-args.vclip_coef, args.vclip_coef)
-                        v_loss = 0.5 * torch.max((newvalue - mb_ret) ** 2, (v_clipped - mb_ret) ** 2).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - mb_ret) ** 2).mean()
-                    entropy = agent.entropy()
-                    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-                    if not torch.isfinite(loss):
-                        raise NonFiniteLossError(
-                            f"non-finite loss at iteration {iteration} (epoch {epoch}, mini-batch {start // mb}): "
-                            f"policy_loss={pg_loss.item()}, value_loss={v_loss.item()}; stopping instead of "
-                            "training on garbage"
-                        )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    # gradient variance: policy-parameter gradients before clipping (see README)
-                    g = torch.cat([p.grad.reshape(-1) for p in policy_params])
-                    g_sum += g
-                    g_sqsum += float(g.dot(g))
-                    if args.max_grad_norm > 0:
-                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
+                    if compiled_step is None:  # the eager step
+                        loss, (newlogprob, pg_loss, v_loss, mb_stats) = loss_fn(agent, *batch)
+                        check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        # gradient variance: policy-parameter gradients before clipping (see README)
+                        g = torch.cat([p.grad.reshape(-1) for p in policy_params])
+                        g_sum += g
+                        g_sqsum += float(g.dot(g))
+                        if args.max_grad_norm > 0:
+                            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                        optimizer.step()
+                    else:  # --compile: the same step as one compiled function; g_sum is accumulated inside
+                        loss, (newlogprob, pg_loss, v_loss, mb_stats), g_sq = compiled_step(*batch)
+                        check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)  # the run stops
+                        g_sqsum += float(g_sq)
                     stats.append(mb_stats)
                     losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))
                 epochs_run += 1

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from compiled_update import CompiledAdamStep, check_compiler
 
 import rgpo_trl
 
@@ -81,6 +82,9 @@ class Args:
     """linearly anneal the learning rate to 0"""
     max_grad_norm: float = 0.5
     """global gradient-norm clip (<= 0 disables)"""
+    compile: bool = False
+    """run each value mini-batch update as one torch.compile'd function (compiled_update.py; needs a C++
+    compiler): the same update, float rounding differs; see benchmarks/results/mujoco_compile.md"""
 
     # Rollout / advantage estimation
     num_steps: int = 2048
@@ -252,6 +256,7 @@ RESUME_FREE_ARGS = {
     "checkpoint_dir",
     "resume",
     "keep_checkpoint",
+    "compile",  # both modes keep the same state (compiled_update.py), so either may continue a run
 }
 
 
@@ -457,11 +462,31 @@ def trpo_step(agent, params, obs, actions, oldlogprob, advantages, args):
     return loss.detach(), 0.0, 0.0, args.backtrack_iters
 
 
+def value_minibatch_loss(agent, mb_obs, mb_returns, mb_values, args):
+    """The value loss of one mini-batch (the value-only epochs after the policy step), for the eager step and
+    the --compile step alike."""
+    newvalue = agent.critic(mb_obs).squeeze(-1)
+    if args.clip_vloss:
+        v_clipped = mb_values + (newvalue - mb_values).clamp(-args.vclip_coef, args.vclip_coef)
+        v_loss = 0.5 * torch.max((newvalue - mb_returns) ** 2, (v_clipped - mb_returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+    return args.vf_coef * v_loss, v_loss
+
+
 STAT_NAMES = ["kl", "ess", "trpo_kl", "step_frac", "linesearch_evals"]
 
 
 class NonFiniteLossError(FloatingPointError):
     pass
+
+
+def check_finite(loss, pg_loss, v_loss, iteration, epoch, minibatch):
+    if not torch.isfinite(loss):
+        raise NonFiniteLossError(
+            f"non-finite loss at iteration {iteration} (epoch {epoch}, mini-batch {minibatch}): "
+            f"policy_loss={pg_loss.item()}, value_loss={v_loss.item()}; stopping instead of training on garbage"
+        )
 
 
 def main(args: Args) -> dict:
@@ -504,6 +529,16 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     policy_params = agent.policy_parameters()
     n_policy_params = sum(p.numel() for p in policy_params)
+
+    def loss_fn(agent, *batch):  # the value mini-batch loss of the eager and the --compile step
+        return value_minibatch_loss(agent, *batch, args=args)
+
+    compiled_step = None
+    if args.compile:
+        check_compiler()
+        compiled_step = CompiledAdamStep(
+            agent, optimizer, loss_fn, list(agent.critic.parameters()), args.max_grad_norm
+        )
 
     # storage (torch tensors sharing memory with numpy views for the per-step writes)
     T, mb = args.num_steps, args.minibatch_size
@@ -645,25 +680,18 @@ def main(args: Args) -> dict:
                 perm = torch.randperm(T)
                 for start in range(0, T, mb):
                     idx = perm[start : start + mb]
-                    newvalue = agent.critic(obs[idx]).squeeze(-1)
-                    mb_ret = b_returns[idx]
-                    if args.clip_vloss:
-                        mb_val = b_values[idx]
-                        v_clipped = mb_val + (newvalue - mb_val).clamp(-args.vclip_coef, args.vclip_coef)
-                        v_loss = 0.5 * torch.max((newvalue - mb_ret) ** 2, (v_clipped - mb_ret) ** 2).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - mb_ret) ** 2).mean()
-                    loss = args.vf_coef * v_loss
-                    if not torch.isfinite(loss):
-                        raise NonFiniteLossError(
-                            f"non-finite loss at iteration {iteration} (epoch {epoch}, mini-batch {start // mb}): "
-                            f"value_loss={v_loss.item()}; stopping instead of training on garbage"
-                        )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if args.max_grad_norm > 0:
-                        nn.utils.clip_grad_norm_(agent.critic.parameters(), args.max_grad_norm)
-                    optimizer.step()
+                    batch = (obs[idx], b_returns[idx], b_values[idx])
+                    if compiled_step is None:  # the eager step
+                        loss, v_loss = loss_fn(agent, *batch)
+                        check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        if args.max_grad_norm > 0:
+                            nn.utils.clip_grad_norm_(agent.critic.parameters(), args.max_grad_norm)
+                        optimizer.step()
+                    else:  # --compile: the same step as one compiled function
+                        loss, v_loss, _ = compiled_step(*batch)
+                        check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)  # the run stops
                     losses.append(torch.stack([pg_loss, v_loss.detach()]))
                 epochs_run += 1
             update_time = time.perf_counter() - update_start

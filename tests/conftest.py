@@ -6,6 +6,13 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import sys  # noqa: E402
+
+# the MuJoCo scripts import their sibling compiled_update.py, as they do when run as files
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mujoco_baselines")
+)
+
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -388,7 +388,7 @@ def test_scripts_share_everything_but_the_method_verbatim():
     sources = {m: _top_level_sources(m) for m in METHODS}
     method_specific = {"Args", "main", "STAT_NAMES", "TB_KEYS"}
     shared = set.intersection(*(set(s) for s in sources.values())) - method_specific
-    expected = {"Agent", "CheckpointError", "MujocoEnv", "NonFiniteLossError", "RESUME_FREE_ARGS", "RunningMeanStd",
+    expected = {"Agent", "CheckpointError", "MujocoEnv", "NonFiniteLossError", "check_finite", "RESUME_FREE_ARGS", "RunningMeanStd",
                 "SQRT2", "_write_tensorboard", "checkpoint_args", "layer_init", "load_checkpoint", "rng_state",
                 "run_info", "save_checkpoint", "set_rng_state"}  # fmt: skip
     assert shared == expected

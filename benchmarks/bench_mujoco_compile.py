@@ -1,0 +1,318 @@
+"""A/B speed of `--compile` against the scripts before it, two runs side by side as in a grid.
+
+    python benchmarks/bench_mujoco_compile.py --baseline-ref <git ref> --cleanrl-path /path/to/cleanrl \\
+        --out benchmarks/results/mujoco_compile
+
+For each script (ppo, rgpo, trpo, awr) and width (64, 256), every round starts the baseline script (the
+repository at ``--baseline-ref``, extracted with ``git archive``: the eager update, bit-identical to today's
+default) and today's script with ``--compile`` at the same moment on the two cores, with one torch thread each,
+in alternating launch order; each pair gives one speed-up ratio, so machine load hits both sides alike. A third
+pair per round runs CleanRL's ``ppo_continuous_action.py`` (patched for gymnasium 1.x as in
+bench_mujoco_speed.py) beside the baseline PPO at width 64.
+
+Reported per run, from its metrics.csv: steady-state SPS (environment steps of iterations 2.. over their
+``iter_time``; the first iteration carries the compilation) and the compile cost (first iteration's
+``update_time`` minus the median of the others). Round 0 compiles into an empty inductor cache (cold), later
+rounds find it warm. The raw ``env.step`` rate of each environment (gymnasium's ``gym.make`` stack, random
+actions, one process, nothing beside it) is measured first: the physical limit of one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+METHODS = ["ppo", "rgpo", "trpo", "awr"]
+ENVS = ["Hopper-v4", "Walker2d-v4", "HalfCheetah-v4", "Ant-v4"]
+
+
+def raw_env_rate(env_id: str, steps: int) -> float:
+    """Steps per second of gymnasium's env.step with uniform random actions (resets included)."""
+    import gymnasium as gym
+    import numpy as np
+
+    env = gym.make(env_id)
+    env.reset(seed=0)
+    actions = np.random.default_rng(0).uniform(
+        env.action_space.low, env.action_space.high, (steps, *env.action_space.shape)
+    )
+    t0 = time.perf_counter()
+    for a in actions:
+        _, _, terminated, truncated, _ = env.step(a)
+        if terminated or truncated:
+            env.reset()
+    return steps / (time.perf_counter() - t0)
+
+
+def run_stats(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    later = rows[1:]
+    steps = rows[-1]["global_step"] - rows[0]["global_step"]
+    return {
+        "steady_sps": steps / sum(r["iter_time"] for r in later),
+        "compile_s": rows[0]["update_time"] - statistics.median(r["update_time"] for r in later),
+        "rollout_s": statistics.median(r["rollout_time"] for r in later),
+        "update_s": statistics.median(r["update_time"] for r in later),
+    }
+
+
+def side_by_side(commands: list[tuple[list[str], str, dict]]) -> list[str]:
+    """Start the commands together, wait for all; their stdout."""
+    procs = []
+    for cmd, cwd, env in commands:
+        procs.append(
+            subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    outs = []
+    for (cmd, _, _), p in zip(commands, procs, strict=True):
+        out, err = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
+        outs.append(out)
+    return outs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--baseline-ref", required=True, help="git ref of the scripts to compare against")
+    parser.add_argument("--cleanrl-path", default=None, help="CleanRL checkout (optional: the CleanRL pair)")
+    parser.add_argument("--env-id", default="Hopper-v4")
+    parser.add_argument("--total-timesteps", type=int, default=8192, help="per run; 2048 per iteration")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--raw-steps", type=int, default=20000)
+    parser.add_argument("--out", default="benchmarks/results/mujoco_compile")
+    args = parser.parse_args()
+
+    from bench_mujoco_speed import find_cleanrl_file, patch_cleanrl
+
+    tmp = tempfile.mkdtemp(prefix="bench_compile_")
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", args.baseline_ref], capture_output=True, text=True,
+                            check=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "mujoco_baselines"], capture_output=True,
+                                text=True).stdout.strip())  # fmt: skip
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+    base_dir = os.path.join(tmp, "mujoco_baselines")
+
+    print("raw env.step rates ...", flush=True)
+    raw = {e: raw_env_rate(e, args.raw_steps) for e in ENVS}
+    print({e: round(r) for e, r in raw.items()}, flush=True)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1",
+              "--no-tensorboard", "--no-verbose", "--checkpoint-every", "0"]  # fmt: skip
+    cleanrl_cmd = None
+    if args.cleanrl_path:
+        cdir = os.path.join(tmp, "cleanrl")
+        os.makedirs(cdir)
+        with (
+            open(find_cleanrl_file(args.cleanrl_path)) as f,
+            open(os.path.join(cdir, "ppo_continuous_action.py"), "w") as g,
+        ):
+            g.write(patch_cleanrl(f.read()))
+        cleanrl_cmd = ([sys.executable, "ppo_continuous_action.py", "--env-id", args.env_id, "--total-timesteps",
+                        str(args.total_timesteps), "--seed", "1", "--num-steps", "2048", "--update-epochs", "10",
+                        "--num-minibatches", "32", "--no-cuda"], cdir)  # fmt: skip
+
+    runs: list[dict] = []
+    for rnd in range(args.rounds):
+        # a fresh inductor cache: round 0 compiles cold, later rounds find it warm
+        renv = {**env, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor_cache")}
+        pairs = [(m, w) for m in METHODS for w in args.widths]
+        for i, (method, width) in enumerate(pairs):
+            sides = {
+                "baseline": os.path.join(base_dir, f"{method}_continuous_action.py"),
+                "compile": os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py"),
+            }
+            order = list(sides) if (rnd + i) % 2 == 0 else list(sides)[::-1]
+            cmds = []
+            for side in order:
+                name = f"{method}_{width}_{side}_{rnd}"
+                flag = ["--compile"] if side == "compile" else []
+                cmds.append(([sys.executable, sides[side], *common, "--hidden-size", str(width), "--output-dir",
+                              os.path.join(tmp, "runs"), "--run-name", name, *flag], tmp, renv))  # fmt: skip
+            side_by_side(cmds)
+            for side in order:
+                stats = run_stats(os.path.join(tmp, "runs", f"{method}_{width}_{side}_{rnd}"))
+                runs.append({"round": rnd, "method": method, "width": width, "variant": side, **stats})
+                print(f"round {rnd} {method} w{width} {side:8s} SPS {stats['steady_sps']:7.1f} "
+                      f"compile {stats['compile_s']:5.1f}s", flush=True)  # fmt: skip
+        if cleanrl_cmd:
+            name = f"ppo_64_baseline_cl_{rnd}"
+            outs = side_by_side([
+                (cleanrl_cmd[0], cleanrl_cmd[1], env),
+                ([sys.executable, os.path.join(base_dir, "ppo_continuous_action.py"), *common, "--hidden-size", "64",
+                  "--output-dir", os.path.join(tmp, "runs"), "--run-name", name], tmp, env),
+            ])  # fmt: skip
+            import re
+
+            cl_sps = float(re.findall(r"SPS: (\d+)", outs[0])[-1])  # CleanRL prints global_step / elapsed
+            ours = json.load(open(os.path.join(tmp, "runs", name, "final.json")))[
+                "SPS"
+            ]  # the same definition
+            runs.append(
+                {"round": rnd, "method": "cleanrl_ppo", "width": 64, "variant": "cleanrl", "run_sps": cl_sps}
+            )
+            runs.append({"round": rnd, "method": "ppo", "width": 64, "variant": "baseline_beside_cleanrl",
+                         "run_sps": ours})  # fmt: skip
+            print(f"round {rnd} cleanrl SPS {cl_sps:.0f} beside baseline ppo w64 SPS {ours:.0f}", flush=True)
+
+    result = summarise(runs, raw, args)
+    result.update(
+        command="python benchmarks/bench_mujoco_compile.py " + " ".join(sys.argv[1:]),
+        baseline_commit=commit,
+        head_commit=head + (" (with uncommitted changes in mujoco_baselines/)" if dirty else ""),
+        machine=f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+        versions=versions(),
+        load_average_at_end=os.getloadavg(),
+    )
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+    with open(args.out + ".csv", "w", newline="") as f:
+        keys = sorted({k for r in runs for k in r})
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(runs)
+    with open(args.out + ".md", "w") as f:
+        f.write(markdown(result))
+    plot(result, args.out + ".png")
+    print(markdown(result))
+
+
+def versions() -> dict:
+    import gymnasium
+    import mujoco
+    import numpy
+    import torch
+
+    return {"torch": torch.__version__, "numpy": numpy.__version__, "gymnasium": gymnasium.__version__,
+            "mujoco": mujoco.__version__}  # fmt: skip
+
+
+def summarise(runs: list[dict], raw: dict, args) -> dict:
+    rows = []
+    for method in METHODS:
+        for width in args.widths:
+            sel = {v: sorted((r for r in runs if r["method"] == method and r["width"] == width and r["variant"] == v),
+                             key=lambda r: r["round"]) for v in ("baseline", "compile")}  # fmt: skip
+            ratios = [
+                c["steady_sps"] / b["steady_sps"]
+                for b, c in zip(sel["baseline"], sel["compile"], strict=True)
+            ]
+            rows.append({
+                "method": method, "width": width,
+                "baseline_sps": statistics.median(r["steady_sps"] for r in sel["baseline"]),
+                "compile_sps": statistics.median(r["steady_sps"] for r in sel["compile"]),
+                "speedup": statistics.median(ratios), "speedup_per_round": ratios,
+                "baseline_update_s": statistics.median(r["update_s"] for r in sel["baseline"]),
+                "compile_update_s": statistics.median(r["update_s"] for r in sel["compile"]),
+                "baseline_rollout_s": statistics.median(r["rollout_s"] for r in sel["baseline"]),
+                "compile_rollout_s": statistics.median(r["rollout_s"] for r in sel["compile"]),
+                "compile_s_cold": sel["compile"][0]["compile_s"],
+                "compile_s_warm": statistics.median(r["compile_s"] for r in sel["compile"][1:]) if len(sel["compile"]) > 1 else None,
+            })  # fmt: skip
+    out = {"env_id": args.env_id, "raw_env_rate": raw, "rows": rows}
+    cl = [r for r in runs if r["variant"] == "cleanrl"]
+    if cl:
+        beside = [r for r in runs if r["variant"] == "baseline_beside_cleanrl"]
+        out["cleanrl_sps"] = statistics.median(r["run_sps"] for r in cl)
+        out["baseline_ppo64_over_cleanrl"] = statistics.median(
+            b["run_sps"] / c["run_sps"] for b, c in zip(beside, cl, strict=True)
+        )
+    return out
+
+
+def markdown(r: dict) -> str:
+    raw = r["raw_env_rate"][r["env_id"]]
+    lines = [
+        "# `--compile`: A/B speed against the scripts before it",
+        "",
+        f"Command: `{r['command']}`  ",
+        f"Baseline: the scripts at {r['baseline_commit'][:10]} (eager update; today's default is bit-identical to it); "
+        f"`--compile`: {r['head_commit'][:10]}{r['head_commit'][40:]}.  ",
+        f"Machine: {r['machine']}; {', '.join(f'{k} {v}' for k, v in r['versions'].items())}; one torch thread "
+        f"per run, baseline and `--compile` run side by side on the 2 cores; load average at end "
+        f"{', '.join(f'{x:.1f}' for x in r['load_average_at_end'])}.",
+        "",
+        f"Env {r['env_id']}; steady-state SPS (iterations after the first); speed-up = median over rounds of "
+        "the per-pair ratio. Fraction of the raw env-step rate = SPS / the rate of gymnasium's `env.step` with "
+        f"random actions on one core ({raw:.0f} steps/s for {r['env_id']}).",
+        "",
+        "| script | width | baseline SPS | `--compile` SPS | speed-up | per round | update s/iter (base -> compile) "
+        "| rollout s/iter | of raw env rate (base -> compile) | compile s (cold / warm) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in r["rows"]:
+        warm = "-" if x["compile_s_warm"] is None else f"{x['compile_s_warm']:.0f}"
+        lines.append(
+            f"| {x['method']} | {x['width']} | {x['baseline_sps']:.0f} | {x['compile_sps']:.0f} | "
+            f"{x['speedup']:.2f}x | {', '.join(f'{v:.2f}' for v in x['speedup_per_round'])} | "
+            f"{x['baseline_update_s']:.2f} -> {x['compile_update_s']:.2f} | "
+            f"{x['baseline_rollout_s']:.2f} -> {x['compile_rollout_s']:.2f} | "
+            f"{x['baseline_sps'] / raw:.0%} -> {x['compile_sps'] / raw:.0%} | {x['compile_s_cold']:.0f} / {warm} |"
+        )
+    lines += [
+        "",
+        "Raw `env.step` rates (steps/s, one core): "
+        + ", ".join(f"{e} {v:.0f}" for e, v in r["raw_env_rate"].items())
+        + ".",
+    ]
+    if "cleanrl_sps" in r:
+        ratio = r["baseline_ppo64_over_cleanrl"]
+        ppo64 = next(x for x in r["rows"] if x["method"] == "ppo" and x["width"] == 64)
+        ppo256 = next((x for x in r["rows"] if x["method"] == "ppo" and x["width"] == 256), None)
+        lines += [
+            "",
+            f"CleanRL `ppo_continuous_action.py` (width 64), run beside our baseline PPO at width 64: {r['cleanrl_sps']:.0f} "
+            f"SPS; our baseline / CleanRL = {ratio:.2f}x (whole-run SPS, CleanRL's definition). Chained with the "
+            f"speed-ups above: PPO `--compile` / CleanRL ~ {ratio * ppo64['speedup']:.2f}x at width 64"
+            + (f", {ratio * ppo256['speedup'] * ppo256['baseline_sps'] / ppo64['baseline_sps']:.2f}x at width 256." if ppo256 else "."),
+        ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = r["rows"]
+    labels = [f"{x['method']}\nw{x['width']}" for x in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.bar([i - 0.2 for i in xs], [x["baseline_sps"] for x in rows], 0.4, label="baseline (eager)")
+    ax.bar([i + 0.2 for i in xs], [x["compile_sps"] for x in rows], 0.4, label="--compile")
+    ax.axhline(
+        r["raw_env_rate"][r["env_id"]], color="k", ls="--", lw=1, label=f"raw env.step rate ({r['env_id']})"
+    )
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("steady-state SPS (one core, two runs side by side)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

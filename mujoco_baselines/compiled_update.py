@@ -1,0 +1,140 @@
+"""`--compile` for the four scripts: one mini-batch update as a single `torch.compile`d function.
+
+The scripts' eager mini-batch step (`loss.backward()`, `clip_grad_norm_`, `torch.optim.Adam.step()`) is ~250
+small ATen calls; at width 256 their dispatch costs ~4.5x the step's matrix products
+(benchmarks/results/mujoco_profile.md). Here the same step is one pure function, `torch.func.grad` of the
+script's own mini-batch loss, then the gradient statistics, the global-norm clip and Adam written out as
+torch computes them, that inductor fuses into a few kernels. Parameters and Adam moments are updated in place,
+in the agent's parameters and in the `torch.optim.Adam` object's state, so rollouts, checkpoints and resume
+are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
+step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit;
+benchmarks/results/mujoco_compile.md has the speed and the equivalence evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+
+class _LossModule(nn.Module):
+    """`loss_fn(agent, *batch)` as a module, so `torch.func.functional_call` substitutes the agent's
+    parameters for everything the loss reads (methods such as `agent.entropy()` included)."""
+
+    def __init__(self, agent: nn.Module, loss_fn: Callable):
+        super().__init__()
+        self.agent = agent
+        self.loss_fn = loss_fn
+
+    def forward(self, *batch):
+        return self.loss_fn(self.agent, *batch)
+
+
+class CompiledAdamStep:
+    """`step(*batch) -> (loss, aux, grad_sq)`: the same update as
+
+        loss, aux = loss_fn(agent, *batch); optimizer.zero_grad(); loss.backward()
+        g = cat(grads of stat_params); g_sum += g; grad_sq = g.dot(g)    # gradient-variance statistics
+        clip_grad_norm_(params, max_grad_norm); optimizer.step()
+
+    with `optimizer` a single-group `torch.optim.Adam` over `params` (no weight decay, amsgrad or maximize).
+    `loss_fn` returns `(loss, aux)`; `aux` (a tensor or tuple of tensors) comes back detached. Numbers that
+    change between calls (learning rate, KL coefficient) must reach `loss_fn` as tensors in `batch`, never as
+    Python floats, or every new value recompiles.
+    """
+
+    def __init__(
+        self,
+        agent: nn.Module,
+        optimizer: torch.optim.Adam,
+        loss_fn: Callable,
+        params: Sequence[nn.Parameter],
+        max_grad_norm: float,
+        stat_params: Sequence[nn.Parameter] = (),
+        compile: bool = True,
+    ):
+        (group,) = optimizer.param_groups
+        if group["weight_decay"] or group["amsgrad"] or group["maximize"]:
+            raise ValueError("CompiledAdamStep implements plain Adam (no weight_decay, amsgrad or maximize)")
+        self.module = _LossModule(agent, loss_fn)
+        by_id = {id(p): name for name, p in self.module.named_parameters()}
+        self.params = list(params)
+        self.names = [by_id[id(p)] for p in self.params]
+        self.stat_names = [by_id[id(p)] for p in stat_params]
+        self.optimizer, self.group = optimizer, group
+        self.max_grad_norm = max_grad_norm
+        self.g_sum = torch.zeros(sum(p.numel() for p in stat_params))
+        self._step = torch.compile(self._pure_step, fullgraph=True) if compile else self._pure_step
+
+    def _state(self, p: nn.Parameter) -> dict:
+        """The optimiser's own state for `p`, created as torch.optim.Adam creates it on its first step."""
+        state = self.optimizer.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    def __call__(self, *batch):
+        states = [self._state(p) for p in self.params]
+        # torch.optim.Adam computes the bias corrections in Python floats (double) from the step count
+        beta1, beta2 = self.group["betas"]
+        k = float(states[0]["step"]) + 1.0
+        step_size = torch.tensor(self.group["lr"] / (1.0 - beta1**k))
+        bc2_sqrt = torch.tensor((1.0 - beta2**k) ** 0.5)
+        with torch.no_grad():
+            return self._step(
+                [p.detach() for p in self.params],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [s["step"] for s in states],
+                step_size,
+                bc2_sqrt,
+                self.g_sum,
+                *batch,
+            )
+
+    def _pure_step(self, params, exp_avgs, exp_avg_sqs, steps, step_size, bc2_sqrt, g_sum, *batch):
+        def loss_of(p):
+            loss, aux = torch.func.functional_call(self.module, p, batch, strict=False, tie_weights=False)
+            return loss, (loss, aux)
+
+        with torch.enable_grad():
+            grads, (loss, aux) = torch.func.grad(loss_of, has_aux=True)(
+                dict(zip(self.names, params, strict=True))
+            )
+        grad_sq = torch.zeros(())
+        if self.stat_names:
+            g = torch.cat([grads[n].reshape(-1) for n in self.stat_names])
+            g_sum.add_(g)
+            grad_sq = g.dot(g)
+        grads = [grads[n] for n in self.names]
+        if self.max_grad_norm > 0:  # nn.utils.clip_grad_norm_ (norm_type 2, no foreach)
+            total = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
+            )
+            coef = torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0)
+            grads = [g * coef for g in grads]
+        beta1, beta2 = self.group["betas"]
+        eps = self.group["eps"]
+        for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps, strict=True):  # torch's Adam
+            s.add_(1.0)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(step_size * m / ((v.sqrt() / bc2_sqrt) + eps))
+        return loss.detach(), aux, grad_sq
+
+
+def check_compiler() -> None:
+    """Fail at start-up, not after the first rollout, when inductor's CPU backend has no C++ compiler."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as err:  # the private helper's location or errors may change between torch versions
+        raise SystemExit(
+            f"ERROR: --compile needs a C++ compiler for torch.compile's CPU backend ({err}); install one "
+            "(e.g. g++) or set CXX, or run without --compile (the eager update is the same algorithm)"
+        ) from err

@@ -1,0 +1,173 @@
+"""`--compile` (mujoco_baselines/compiled_update.py): the written-out step against torch's own eager step."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gymnasium")
+pytest.importorskip("mujoco")
+
+from compiled_update import CompiledAdamStep  # noqa: E402
+from test_mujoco_baselines import TIME_KEYS, load, read_rows, small_args  # noqa: E402
+
+needs_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None,
+    reason="torch.compile's CPU backend needs a C++ compiler",
+)
+
+
+def _setup(method="ppo", width=64, max_grad_norm=0.5, seed=0):
+    """An agent of `method`'s script at Hopper-v4 shapes, a fixed rollout and its loss function."""
+    module = load(method)
+    torch.manual_seed(seed)
+    args = module.Args(hidden_size=width, max_grad_norm=max_grad_norm)
+    agent = module.Agent(11, 3, args)
+    T = 512
+    obs, actions = torch.randn(T, 11), torch.randn(T, 3)
+    with torch.no_grad():
+        logprobs = agent.log_prob(agent.actor_mean(obs), actions) + 0.05 * torch.randn(T)
+        values = agent.critic(obs).squeeze(-1)
+    data = dict(
+        obs=obs, actions=actions, adv=torch.randn(T), logprobs=logprobs, returns=torch.randn(T), values=values
+    )
+    return module, args, agent, data
+
+
+def _eager_step(agent, optimizer, loss, params, stat_params, max_grad_norm, g_sum):
+    """The scripts' eager step (loss.backward, gradient statistics, clip_grad_norm_, torch.optim.Adam)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    g_sq = torch.zeros(())
+    if stat_params:
+        g = torch.cat([p.grad.reshape(-1) for p in stat_params])
+        g_sum += g
+        g_sq = g.dot(g)
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    return g_sq
+
+
+def _run_both(method, compile, steps, max_grad_norm=0.5, value_only=False, lr_schedule=False):
+    """The eager step and CompiledAdamStep side by side on twin agents over `steps` mini-batches."""
+    module, args, agent, d = _setup(method, max_grad_norm=max_grad_norm)
+    twin = copy.deepcopy(agent)
+    if value_only:  # TRPO's value epochs: critic parameters only, no gradient statistics
+        params_of = lambda a: list(a.critic.parameters())  # noqa: E731
+        stats_of = lambda a: []  # noqa: E731
+
+        def loss_fn(a, o, ret, val):
+            return module.value_minibatch_loss(a, o, ret, val, args)
+    else:
+        params_of = lambda a: list(a.parameters())  # noqa: E731
+        stats_of = lambda a: a.policy_parameters()  # noqa: E731
+        extra = {"gate": module.rgpo_trl.make_gate("sigmoid")} if method == "rgpo" else {}
+
+        def loss_fn(a, *batch):
+            return module.minibatch_loss(a, *batch, args=args, **extra)
+
+    opt_eager = torch.optim.Adam(params_of(agent), lr=3e-4, eps=1e-5)
+    opt_fast = torch.optim.Adam(params_of(twin), lr=3e-4, eps=1e-5)
+    fast = CompiledAdamStep(
+        twin, opt_fast, loss_fn, params_of(twin), max_grad_norm, stats_of(twin), compile=compile
+    )
+    g_sum = torch.zeros_like(fast.g_sum)
+    gen = torch.Generator().manual_seed(1)
+    outputs = []  # per step: (eager loss, compiled-step loss), (eager g.g, compiled-step g.g)
+    for k in range(steps):
+        lr = 3e-4 * (1 - k / steps) if lr_schedule else 3e-4  # the scripts anneal between iterations
+        opt_eager.param_groups[0]["lr"] = opt_fast.param_groups[0]["lr"] = lr
+        idx = torch.randperm(512, generator=gen)[:64]
+        if value_only:
+            batch = (d["obs"][idx], d["returns"][idx], d["values"][idx])
+        else:
+            batch = (d["obs"][idx], d["actions"][idx], d["adv"][idx], d["logprobs"][idx], d["returns"][idx],
+                     d["values"][idx])  # fmt: skip
+        eager_extra, fast_extra = (
+            ((0.5,), (torch.tensor(0.5),)) if method == "rgpo" and not value_only else ((), ())
+        )
+        loss, _ = loss_fn(agent, *batch, *eager_extra)
+        g_sq = _eager_step(agent, opt_eager, loss, params_of(agent), stats_of(agent), max_grad_norm, g_sum)
+        loss_f, _, g_sq_f = fast(*batch, *fast_extra)
+        outputs.append(((loss.detach(), loss_f), (g_sq, g_sq_f)))
+    return outputs, (agent, opt_eager), (twin, opt_fast), (g_sum, fast.g_sum)
+
+
+def _assert_close(a, b, exact, rtol=0.0, atol=0.0):
+    if exact:
+        assert torch.equal(a, b), float((a - b).abs().max())
+    else:
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "method,max_grad_norm,value_only",
+    [
+        ("ppo", 0.5, False),
+        ("rgpo", 0.5, False),
+        ("awr", 0.5, False),
+        ("ppo", 0.0, False),
+        ("trpo", 0.5, True),
+    ],
+)
+def test_uncompiled_functional_step_is_torchs_step_bit_for_bit(method, max_grad_norm, value_only):
+    """Without compilation the written-out step (torch.func.grad, clip, Adam) is torch's eager step exactly:
+    parameters, Adam moments and step counts, gradient statistics and the returned loss, over 30 steps with
+    an annealed learning rate. So any difference under --compile comes from inductor's rounding alone."""
+    outputs, (agent, opt), (twin, opt_f), g_sums = _run_both(
+        method, False, 30, max_grad_norm, value_only, lr_schedule=True
+    )
+    for losses, grad_sqs in outputs:
+        _assert_close(*losses, exact=True)
+        _assert_close(*grad_sqs, exact=True)
+    for p, q in zip(agent.parameters(), twin.parameters(), strict=True):
+        _assert_close(p.detach(), q.detach(), exact=True)
+        if p in opt.state:
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                _assert_close(opt.state[p][key], opt_f.state[q][key], exact=True)
+    _assert_close(*g_sums, exact=True)
+    assert float(opt_f.state[next(iter(opt_f.state))]["step"]) == 30
+
+
+@needs_compiler
+@pytest.mark.parametrize("method", ["rgpo", "trpo"])
+def test_compiled_step_matches_eager_step_to_float_tolerance(method):
+    """Under torch.compile the same 20 steps agree with the eager ones to float32 tolerance (inductor fuses and
+    reorders float operations, so not bit for bit); the optimiser state stays torch.optim.Adam's, so an eager
+    optimiser continues from it (checkpoints and resume work in both modes)."""
+    value_only = method == "trpo"
+    outputs, (agent, _), (twin, opt_f), g_sums = _run_both(method, True, 20, value_only=value_only)
+    for (loss, loss_f), _ in outputs:
+        torch.testing.assert_close(loss_f, loss, rtol=1e-4, atol=1e-6)
+    for p, q in zip(agent.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(q.detach(), p.detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(g_sums[1], g_sums[0], rtol=1e-4, atol=1e-6)
+    fresh = torch.optim.Adam(opt_f.param_groups[0]["params"], lr=3e-4, eps=1e-5)
+    fresh.load_state_dict(opt_f.state_dict())
+    assert float(fresh.state_dict()["state"][0]["step"]) == 20
+
+
+def test_compiled_step_refuses_an_optimiser_it_does_not_implement():
+    _, _, agent, _ = _setup()
+    opt = torch.optim.Adam(agent.parameters(), lr=3e-4, weight_decay=0.01)
+    with pytest.raises(ValueError, match="weight_decay"):
+        CompiledAdamStep(agent, opt, lambda a: None, list(agent.parameters()), 0.5, compile=False)
+
+
+@needs_compiler
+@pytest.mark.slow  # four compilations, ~30 s each on a loaded 2-core machine
+@pytest.mark.parametrize("method", ["ppo", "rgpo", "trpo", "awr"])
+def test_script_with_compile_follows_the_eager_run(method, tmp_path):
+    """A 2-iteration run with --compile stays within float tolerance of the eager run (same seed): the rollout
+    of iteration 2 already acts with the compiled update's parameters."""
+    module = load(method)
+    module.main(small_args(module, tmp_path, "eager", hidden_size=64))
+    module.main(small_args(module, tmp_path, "compiled", hidden_size=64, compile=True))
+    for ra, rb in zip(read_rows(tmp_path / "eager"), read_rows(tmp_path / "compiled"), strict=True):
+        for key in ra.keys() - TIME_KEYS:
+            assert rb[key] == pytest.approx(ra[key], rel=1e-3, abs=1e-5, nan_ok=True), key
