@@ -6,7 +6,8 @@
 For each script (ppo, rgpo, trpo, awr) and width (64, 256), every round starts the baseline script (the
 repository at ``--baseline-ref``, extracted with ``git archive``: the eager update, bit-identical to today's
 default) and today's script with ``--compile`` at the same moment on the two cores, with one torch thread each,
-in alternating launch order; each pair gives one speed-up ratio, so machine load hits both sides alike. A third
+in alternating launch order; each pair gives one speed-up ratio, so machine load hits both sides alike
+(``TORCHINDUCTOR_COMPILE_THREADS=1``, as grid.py sets it: the compiling run keeps to its own core). A third
 pair per round runs CleanRL's ``ppo_continuous_action.py`` (patched for gymnasium 1.x as in
 bench_mujoco_speed.py) beside the baseline PPO at width 64.
 
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--baseline-ref", required=True, help="git ref of the scripts to compare against")
     parser.add_argument("--cleanrl-path", default=None, help="CleanRL checkout (optional: the CleanRL pair)")
     parser.add_argument("--env-id", default="Hopper-v4")
-    parser.add_argument("--total-timesteps", type=int, default=8192, help="per run; 2048 per iteration")
+    parser.add_argument("--total-timesteps", type=int, default=16384, help="per run; 2048 per iteration")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--raw-steps", type=int, default=20000)
@@ -117,7 +118,9 @@ def main() -> None:
     raw = {e: raw_env_rate(e, args.raw_steps) for e in ENVS}
     print({e: round(r) for e, r in raw.items()}, flush=True)
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    # one core per run, compilation included (inductor compiles on all cores by default), as grid.py runs them
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1",
+           "PYTHONWARNINGS": "ignore"}  # fmt: skip
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1",
               "--no-tensorboard", "--no-verbose", "--checkpoint-every", "0"]  # fmt: skip

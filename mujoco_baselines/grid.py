@@ -101,6 +101,12 @@ SUITES: dict[str, list[Run]] = {
     ),
     "long": _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=3_000_000)
     + _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=6_000_000),
+    # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (issue: "MuJoCo
+    # scripts twice as fast"; read by benchmarks/compile_equivalence.py)
+    "compile_equiv": _grid(
+        "compile_equiv", ["ppo", "rgpo", "trpo", "awr"], ["Hopper-v4", "HalfCheetah-v4"], [0, 1, 2], steps=300_000,
+        variants=(("eager", ()), ("compile", ("--compile",))),
+    ),
     # a few minutes: for trying the runner (and its tests)
     "smoke": _grid("smoke", ["ppo", "rgpo"], ["Hopper-v4"], [0], steps=4096, variants=(("default", ("--num-steps", "1024", "--checkpoint-every", "1")),)),
 }  # fmt: skip
@@ -205,7 +211,9 @@ def run_suites(
         f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time ({backend})",
         flush=True,
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # one core per run, compilation included (--compile: inductor would otherwise compile on all cores)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}  # fmt: skip
     executor = RayBackend(env, ray_address) if backend == "ray" else LocalBackend(env)
     running: dict[Run, object] = {}
     failed: list[tuple[Run, int]] = []

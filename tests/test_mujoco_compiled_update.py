@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import json
 import os
 import shutil
 
@@ -171,3 +173,49 @@ def test_script_with_compile_follows_the_eager_run(method, tmp_path):
     for ra, rb in zip(read_rows(tmp_path / "eager"), read_rows(tmp_path / "compiled"), strict=True):
         for key in ra.keys() - TIME_KEYS:
             assert rb[key] == pytest.approx(ra[key], rel=1e-3, abs=1e-5, nan_ok=True), key
+
+
+def _fake_run(root, name, final_return, kls, sps=1000.0):
+    d = root / "compile_equiv" / name
+    d.mkdir(parents=True)
+    (d / "final.json").write_text(json.dumps({"final_return": final_return, "SPS": sps}))
+    with open(d / "metrics.csv", "w") as f:
+        f.write("iteration,kl,kl_final,spike\n")
+        for i, kl in enumerate(kls):
+            f.write(f"{i + 1},{kl},{kl / 2},{int(kl > 0.04)}\n")
+
+
+def test_compile_equivalence_report_on_known_runs(tmp_path):
+    """Known runs in, known verdicts out: a compiled side equal to the eager side agrees (p = 1); one shifted by
+    many seed stds does not; the means, Welch p (against scipy) and unfinished runs are as constructed."""
+    from scipy import stats
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "compile_equivalence", os.path.join(root, "benchmarks", "compile_equivalence.py")
+    )
+    ce = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ce)
+
+    eager = [100.0, 110.0, 120.0]
+    for s, ret in enumerate(eager):
+        for variant in ("eager", "compile"):
+            _fake_run(tmp_path, f"Hopper-v4__ppo__{variant}__s{s}__300k", ret, [0.01, 0.03])
+        _fake_run(tmp_path, f"Hopper-v4__rgpo__eager__s{s}__300k", ret, [0.02, 0.02])
+        _fake_run(tmp_path, f"Hopper-v4__rgpo__compile__s{s}__300k", ret + 500.0, [0.02, 0.02])
+    r = ce.analyse(str(tmp_path))
+    rows = {(x["method"], x["env"]): x for x in r["rows"]}
+    same, shifted = rows[("ppo", "Hopper-v4")], rows[("rgpo", "Hopper-v4")]
+    assert same["agrees"] is True and same["final_return"]["p"] == pytest.approx(1.0)
+    assert same["kl"]["eager"] == [pytest.approx(0.02)] * 3 and same["spike"]["eager"] == [0.0] * 3
+    assert shifted["agrees"] is False
+    assert shifted["final_return"]["std_diff"] == pytest.approx(50.0)  # 500 / stdev(100, 110, 120) = 500 / 10
+    expected_p = stats.ttest_ind(eager, [x + 500.0 for x in eager], equal_var=False).pvalue
+    assert shifted["final_return"]["p"] == pytest.approx(expected_p)
+    assert "agrees" not in rows[("trpo", "Hopper-v4")]  # nothing ran
+    assert "HalfCheetah-v4__awr__compile__s2__300k" in r["missing"] and len(r["missing"]) == 48 - 12
+    md = ce.markdown(r, "cmd")
+    assert (
+        "| rgpo | Hopper-v4 | 3 / 3 | **no** |" in md
+        and "| trpo | Hopper-v4 | 0 / 0 | not enough runs |" in md
+    )
