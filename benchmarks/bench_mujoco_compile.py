@@ -88,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--baseline-ref", required=True, help="git ref of the scripts to compare against")
+    parser.add_argument("--baseline-ref", help="git ref of the scripts to compare against (required to measure)")
     parser.add_argument("--cleanrl-path", default=None, help="CleanRL checkout (optional: the CleanRL pair)")
     parser.add_argument("--env-id", default="Hopper-v4")
     parser.add_argument("--total-timesteps", type=int, default=16384, help="per run; 2048 per iteration")
@@ -96,7 +96,30 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--raw-steps", type=int, default=20000)
     parser.add_argument("--out", default="benchmarks/results/mujoco_compile")
+    parser.add_argument(
+        "--grid-results",
+        default=os.path.join(ROOT, "results", "mujoco", "main"),
+        help="finished eager runs of the main grid: their SPS give the 48-run wall-time estimate",
+    )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="re-write <out>.md/.png from <out>.json (and --grid-results) without measuring",
+    )
     args = parser.parse_args()
+    if args.render_only:
+        with open(args.out + ".json") as f:
+            result = json.load(f)
+        result["grid_estimate"] = grid_estimate(args.grid_results, result["rows"])
+        with open(args.out + ".json", "w") as f:
+            json.dump(result, f, indent=2)
+        with open(args.out + ".md", "w") as f:
+            f.write(markdown(result))
+        plot(result, args.out + ".png")
+        print(markdown(result))
+        return
+    if not args.baseline_ref:
+        parser.error("--baseline-ref is required (unless --render-only)")
 
     from bench_mujoco_speed import find_cleanrl_file, patch_cleanrl
 
@@ -189,6 +212,7 @@ def main() -> None:
         versions=versions(),
         load_average_at_end=os.getloadavg(),
     )
+    result["grid_estimate"] = grid_estimate(args.grid_results, result["rows"])
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(result, f, indent=2)
@@ -246,6 +270,28 @@ def summarise(runs: list[dict], raw: dict, args) -> dict:
     return out
 
 
+def grid_estimate(grid_dir: str, rows: list[dict]) -> dict | None:
+    """Wall time of the 48-run main grid on 2 cores: each (method, env) at the median SPS of its finished eager
+    runs (two side by side, as the grid ran them), and the same divided by the method's width-256 speed-up
+    measured here (on Hopper-v4 only: an estimate for the other environments) plus one cold compile per run."""
+    import glob
+
+    sps: dict[tuple[str, str], list[float]] = {}
+    for path in glob.glob(os.path.join(grid_dir, "*", "final.json")):
+        with open(path) as f:
+            final = json.load(f)
+        sps.setdefault((final["method"].split("_")[0], final["env_id"]), []).append(float(final["SPS"]))
+    cells = [(m, e) for m in METHODS for e in ENVS]
+    if not all(c in sps for c in cells):
+        return None
+    speed = {x["method"]: x for x in rows if x["width"] == 256}
+    eager = sum(3 * 1e6 / statistics.median(sps[c]) for c in cells) / 2
+    compiled = sum(3 * (1e6 / (statistics.median(sps[(m, e)]) * speed[m]["speedup"]) + speed[m]["compile_s_cold"])
+                   for m, e in cells) / 2  # fmt: skip
+    n = sum(len(v) for v in sps.values())
+    return {"eager_hours": eager / 3600, "compile_hours": compiled / 3600, "finished_runs": n}
+
+
 def markdown(r: dict) -> str:
     raw = r["raw_env_rate"][r["env_id"]]
     lines = [
@@ -292,6 +338,15 @@ def markdown(r: dict) -> str:
             f"speed-ups above: PPO `--compile` / CleanRL ~ {ratio * ppo64['speedup']:.2f}x at width 64"
             + (f", {ratio * ppo256['speedup'] * ppo256['baseline_sps'] / ppo64['baseline_sps']:.2f}x at width 256." if ppo256 else "."),
         ]  # fmt: skip
+    g = r.get("grid_estimate")
+    if g:
+        lines += [
+            "",
+            f"Estimated wall time of the 48-run `main` grid (1M steps each) on this 2-core machine, from the SPS of "
+            f"the {g['finished_runs']} finished eager grid runs (two side by side): eager {g['eager_hours']:.1f} h; "
+            f"with `--compile` (the width-256 speed-ups above, measured on {r['env_id']} only, plus a cold compile per "
+            f"run) ~{g['compile_hours']:.1f} h.",
+        ]
     return "\n".join(lines) + "\n"
 
 

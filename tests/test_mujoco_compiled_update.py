@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -219,3 +220,18 @@ def test_compile_equivalence_report_on_known_runs(tmp_path):
         "| rgpo | Hopper-v4 | 3 / 3 | **no** |" in md
         and "| trpo | Hopper-v4 | 0 / 0 | not enough runs |" in md
     )
+
+
+def test_compile_without_a_cxx_compiler_fails_at_start_with_a_clear_error(tmp_path):
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "mujoco_baselines", "rgpo_continuous_action.py"), "--compile",
+         "--env-id", "Hopper-v4", "--total-timesteps", "256", "--num-steps", "256", "--output-dir", str(tmp_path),
+         "--run-name", "nocxx", "--no-tensorboard"],
+        env={**os.environ, "CXX": str(tmp_path / "no-such-compiler")}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "--compile needs a C++ compiler" in proc.stderr and "run without --compile" in proc.stderr
+    assert not (tmp_path / "nocxx" / "metrics.csv").exists()  # refused before the first rollout
