@@ -63,7 +63,9 @@ class CompiledAdamStep:
         self.params = list(params)
         self.names = [by_id[id(p)] for p in self.params]
         self.stat_names = [by_id[id(p)] for p in stat_params]
-        self.optimizer, self.group = optimizer, group
+        # the group's hyperparameters are read from the optimiser, never kept: load_state_dict replaces the group
+        # dicts (a cached one would miss the scripts' learning-rate annealing after a resume)
+        self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.g_sum = torch.zeros(sum(p.numel() for p in stat_params))
         self._step = torch.compile(self._pure_step, fullgraph=True) if compile else self._pure_step
@@ -79,10 +81,11 @@ class CompiledAdamStep:
 
     def __call__(self, *batch):
         states = [self._state(p) for p in self.params]
+        (group,) = self.optimizer.param_groups
         # torch.optim.Adam computes the bias corrections in Python floats (double) from the step count
-        beta1, beta2 = self.group["betas"]
+        beta1, beta2 = group["betas"]
         k = float(states[0]["step"]) + 1.0
-        step_size = torch.tensor(self.group["lr"] / (1.0 - beta1**k))
+        step_size = torch.tensor(group["lr"] / (1.0 - beta1**k))
         bc2_sqrt = torch.tensor((1.0 - beta2**k) ** 0.5)
         with torch.no_grad():
             return self._step(
@@ -93,10 +96,11 @@ class CompiledAdamStep:
                 step_size,
                 bc2_sqrt,
                 self.g_sum,
+                (beta1, beta2, group["eps"]),
                 *batch,
             )
 
-    def _pure_step(self, params, exp_avgs, exp_avg_sqs, steps, step_size, bc2_sqrt, g_sum, *batch):
+    def _pure_step(self, params, exp_avgs, exp_avg_sqs, steps, step_size, bc2_sqrt, g_sum, hyper, *batch):
         def loss_of(p):
             loss, aux = torch.func.functional_call(self.module, p, batch, strict=False, tie_weights=False)
             return loss, (loss, aux)
@@ -117,8 +121,7 @@ class CompiledAdamStep:
             )
             coef = torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0)
             grads = [g * coef for g in grads]
-        beta1, beta2 = self.group["betas"]
-        eps = self.group["eps"]
+        beta1, beta2, eps = hyper  # constants of the run (dynamo specialises on them)
         for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps, strict=True):  # torch's Adam
             s.add_(1.0)
             m.lerp_(g, 1 - beta1)

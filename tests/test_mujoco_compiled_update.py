@@ -235,3 +235,68 @@ def test_compile_without_a_cxx_compiler_fails_at_start_with_a_clear_error(tmp_pa
     assert proc.returncode != 0
     assert "--compile needs a C++ compiler" in proc.stderr and "run without --compile" in proc.stderr
     assert not (tmp_path / "nocxx" / "metrics.csv").exists()  # refused before the first rollout
+
+
+def test_step_reads_the_learning_rate_of_a_reloaded_optimiser():
+    """optimizer.load_state_dict replaces the param-group dicts; the step must follow the optimiser's current
+    group (the scripts anneal the learning rate through it), not a group it saw at construction: with lr 0 set
+    after a reload, a step leaves every parameter exactly as it was."""
+    module, args, agent, d = _setup("ppo")
+    opt = torch.optim.Adam(agent.parameters(), lr=3e-4, eps=1e-5)
+
+    def loss_fn(a, *batch):
+        return module.minibatch_loss(a, *batch, args=args)
+
+    step = CompiledAdamStep(
+        agent, opt, loss_fn, list(agent.parameters()), 0.5, agent.policy_parameters(), compile=False
+    )
+    idx = torch.arange(64)
+    batch = (
+        d["obs"][idx],
+        d["actions"][idx],
+        d["adv"][idx],
+        d["logprobs"][idx],
+        d["returns"][idx],
+        d["values"][idx],
+    )
+    step(*batch)
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    opt.param_groups[0]["lr"] = 0.0
+    before = [p.detach().clone() for p in agent.parameters()]
+    step(*batch)
+    assert all(torch.equal(p, q) for p, q in zip(before, agent.parameters(), strict=True))
+    assert float(opt.state[next(agent.parameters())]["step"]) == 2  # the reloaded state was the one advanced
+
+
+@needs_compiler
+def test_interrupted_compiled_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
+    """As the eager resume test in test_mujoco_baselines.py, under --compile: a run stopped after iteration 4
+    and resumed from its iteration-2 checkpoint gives the uninterrupted run's metrics exactly (the same
+    compiled kernels on the same state)."""
+    import math
+
+    module = load("rgpo")
+    kw = dict(total_timesteps=256 * 5, checkpoint_every=2, hidden_size=64, compile=True)
+    module.main(small_args(module, tmp_path / "a", "run", **kw))
+    real_save, calls = module.save_checkpoint, []
+
+    def interrupt_on_second_save(path, checkpoint):
+        calls.append(checkpoint["progress"]["iteration"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(module, "save_checkpoint", interrupt_on_second_save)
+    with pytest.raises(KeyboardInterrupt):
+        module.main(small_args(module, tmp_path / "b", "run", **kw))
+    monkeypatch.setattr(module, "save_checkpoint", real_save)
+    module.main(small_args(module, tmp_path / "b", "run", resume=True, **kw))
+    rows_a, rows_b = read_rows(tmp_path / "a" / "run"), read_rows(tmp_path / "b" / "run")
+    assert [r["iteration"] for r in rows_b] == [1, 2, 3, 4, 5]
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        for key in ra.keys() - TIME_KEYS:
+            assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (
+                key,
+                ra[key],
+                rb[key],
+            )
