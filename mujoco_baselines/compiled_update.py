@@ -7,8 +7,9 @@ script's own mini-batch loss, then the gradient statistics, the global-norm clip
 torch computes them, that inductor fuses into a few kernels. Parameters and Adam moments are updated in place,
 in the agent's parameters and in the `torch.optim.Adam` object's state, so rollouts, checkpoints and resume
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
-step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit;
-benchmarks/results/mujoco_compile.md has the speed and the equivalence evidence.
+step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
+Speed: benchmarks/results/mujoco_compile.md (1.15-1.59x end to end at width 256: the update halves, the rollout
+stays); learning outcomes over seeds: the grid suite compile_equiv, read by benchmarks/compile_equivalence.py.
 """
 
 from __future__ import annotations
