@@ -489,9 +489,8 @@ def main(args: Args) -> dict:
     )
     n_policy_params = sum(p.numel() for p in policy_params)
 
-    def loss_fn(
-        agent, *batch
-    ):  # the mini-batch loss of the eager and the --compile step (batch ends with beta)
+    # the mini-batch loss of the eager and the --compile step (batch ends with beta)
+    def loss_fn(agent, *batch):
         return minibatch_loss(agent, *batch, gate=gate, args=args)
 
     compiled_step = None

@@ -530,7 +530,8 @@ def main(args: Args) -> dict:
     policy_params = agent.policy_parameters()
     n_policy_params = sum(p.numel() for p in policy_params)
 
-    def loss_fn(agent, *batch):  # the value mini-batch loss of the eager and the --compile step
+    # the value mini-batch loss of the eager and the --compile step
+    def loss_fn(agent, *batch):
         return value_minibatch_loss(agent, *batch, args=args)
 
     compiled_step = None
