@@ -88,7 +88,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--baseline-ref", help="git ref of the scripts to compare against (required to measure)")
+    parser.add_argument(
+        "--baseline-ref", help="git ref of the scripts to compare against (required to measure)"
+    )
     parser.add_argument("--cleanrl-path", default=None, help="CleanRL checkout (optional: the CleanRL pair)")
     parser.add_argument("--env-id", default="Hopper-v4")
     parser.add_argument("--total-timesteps", type=int, default=16384, help="per run; 2048 per iteration")
