@@ -336,7 +336,8 @@ def markdown(r: dict) -> str:
         lines += [
             "",
             f"CleanRL `ppo_continuous_action.py` (width 64), run beside our baseline PPO at width 64: {r['cleanrl_sps']:.0f} "
-            f"SPS; our baseline / CleanRL = {ratio:.2f}x (whole-run SPS, CleanRL's definition). Chained with the "
+            f"SPS; our baseline / CleanRL = {ratio:.2f}x (whole-run SPS, CleanRL's definition; ours with --no-tensorboard, "
+            f"CleanRL writing its TensorBoard events). Chained with the "
             f"speed-ups above: PPO `--compile` / CleanRL ~ {ratio * ppo64['speedup']:.2f}x at width 64"
             + (f", {ratio * ppo256['speedup'] * ppo256['baseline_sps'] / ppo64['baseline_sps']:.2f}x at width 256." if ppo256 else "."),
         ]  # fmt: skip
