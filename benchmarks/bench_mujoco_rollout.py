@@ -1,0 +1,147 @@
+"""What a lighter per-step rollout path would buy (the speed issue's rollout direction), measured, not adopted.
+
+    python benchmarks/bench_mujoco_rollout.py --out benchmarks/results/mujoco_rollout
+
+The scripts' rollout step: `agent.actor_mean(obs[step]) + std * noise[step]` through `nn.Module` calls, the action
+written into a tensor, then `MujocoEnv.step`. Variants, in rotating order over `--rounds` rounds of one 2048-step
+rollout each, in one process (median of the per-round time ratios to `base`):
+
+- `base2`: the script's step again (A/A: the noise floor of the ratios);
+- `lean_modules`: `std * noise` once per rollout, the action written through a numpy view (modules kept);
+- `lean_no_modules`: that, plus the policy mean as `F.linear`/`tanh` on the same weights without module calls.
+
+Every variant's actions are compared with `base`'s over all rounds: a variant that is not bit-identical is
+flagged (all were: these are the same float operations in the same order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
+VARIANTS = ["base", "base2", "lean_modules", "lean_no_modules"]
+
+
+def make_rollout(script, args, variant: str, T: int):
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    env = script.MujocoEnv(args)
+    agent = script.Agent(env.obs_dim, env.act_dim, args)
+    obs, actions = torch.zeros((T, env.obs_dim)), torch.zeros((T, env.act_dim))
+    obs_np, actions_np = obs.numpy(), actions.numpy()
+    l0, _, l2, _, l4 = agent.actor_mean
+    state = {"next_obs": env.reset(seed=0)}
+    gen = torch.Generator().manual_seed(1)
+
+    def mean_no_modules(x):  # the same operations on the same weights as agent.actor_mean
+        h = torch.tanh(F.linear(x, l0.weight, l0.bias))
+        h = torch.tanh(F.linear(h, l2.weight, l2.bias))
+        return F.linear(h, l4.weight, l4.bias)
+
+    mean = mean_no_modules if variant == "lean_no_modules" else agent.actor_mean
+
+    def script_step():
+        noise = torch.randn((T, env.act_dim), generator=gen)
+        with torch.inference_mode():
+            std = torch.exp(agent.actor_logstd)
+            for step in range(T):
+                obs_np[step] = state["next_obs"]
+                action = agent.actor_mean(obs[step]) + std * noise[step]
+                actions[step] = action
+                state["next_obs"], _, _, _ = env.step(action.numpy())
+        return actions.clone()
+
+    def lean_step():
+        noise = torch.randn((T, env.act_dim), generator=gen)
+        with torch.inference_mode():
+            scaled = torch.exp(agent.actor_logstd) * noise
+            for step in range(T):
+                obs_np[step] = state["next_obs"]
+                action = mean(obs[step]).add_(scaled[step]).numpy()
+                actions_np[step] = action
+                state["next_obs"], _, _, _ = env.step(action)
+        return actions.clone()
+
+    return script_step if variant in ("base", "base2") else lean_step
+
+
+def measure(env_id: str, width: int, rounds: int, T: int = 2048) -> dict:
+    import rgpo_continuous_action as script
+    import torch
+
+    torch.set_num_threads(1)
+    args = script.Args(env_id=env_id, hidden_size=width)
+    fns = {v: make_rollout(script, args, v, T) for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    identical = dict.fromkeys(VARIANTS, True)
+    for rnd in range(rounds):
+        order = VARIANTS[rnd % len(VARIANTS) :] + VARIANTS[: rnd % len(VARIANTS)]
+        out = {}
+        for v in order:
+            t0 = time.perf_counter()
+            out[v] = fns[v]()
+            times[v].append(time.perf_counter() - t0)
+        for v in VARIANTS:
+            identical[v] &= torch.equal(out["base"], out[v])
+    return {
+        v: {
+            "us_per_step": statistics.median(times[v]) / T * 1e6,
+            "speedup": statistics.median(a / b for a, b in zip(times["base"], times[v], strict=True)),
+            "bit_identical": identical[v],
+        }
+        for v in VARIANTS
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", nargs="+", default=["Hopper-v4", "HalfCheetah-v4"])
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--out", default="benchmarks/results/mujoco_rollout")
+    a = p.parse_args()
+    results = {e: measure(e, a.width, a.rounds) for e in a.envs}
+    info = {
+        "command": "python benchmarks/bench_mujoco_rollout.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+        "load_average_at_end": os.getloadavg(),
+        "width": a.width,
+        "rounds": a.rounds,
+        "results": results,
+    }
+    with open(a.out + ".json", "w") as f:
+        json.dump(info, f, indent=2)
+    lines = [
+        "# Rollout step: the script's path vs lighter bit-identical paths",
+        "",
+        f"Command: `{info['command']}`  ",
+        f"Machine: {info['machine']}; one torch thread; load average at end "
+        f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} (two grid runs shared the cores: read the "
+        f"interleaved ratios, not the absolute times). Width {a.width}, {a.rounds} rounds of one 2048-step rollout "
+        "per variant; speed-up = median of per-round time ratios to `base`.",
+        "",
+        "| env | variant | us/step | speed-up vs base | actions bit-identical to base |",
+        "|---|---|---|---|---|",
+    ]
+    for env_id, r in results.items():
+        for v, x in r.items():
+            lines.append(
+                f"| {env_id} | {v} | {x['us_per_step']:.0f} | {x['speedup']:.3f}x | {x['bit_identical']} |"
+            )
+    text = "\n".join(lines) + "\n"
+    with open(a.out + ".md", "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
