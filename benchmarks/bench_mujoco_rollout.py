@@ -1,10 +1,10 @@
-"""What a lighter per-step rollout path would buy (the speed issue's rollout direction), measured, not adopted.
+"""What a lighter per-step rollout path buys (the speed issue's rollout direction; the scripts use `lean_no_modules`).
 
     python benchmarks/bench_mujoco_rollout.py --out benchmarks/results/mujoco_rollout
 
-The scripts' rollout step: `agent.actor_mean(obs[step]) + std * noise[step]` through `nn.Module` calls, the action
-written into a tensor, then `MujocoEnv.step`. Variants, in rotating order over `--rounds` rounds of one 2048-step
-rollout each, in one process (median of the per-round time ratios to `base`):
+`base` is the scripts' rollout step before it: `agent.actor_mean(obs[step]) + std * noise[step]` through
+`nn.Module` calls, the action written into a tensor, then `MujocoEnv.step`. Variants, in rotating order over
+`--rounds` rounds of one 2048-step rollout each, in one process (median of the per-round time ratios to `base`):
 
 - `base2`: the script's step again (A/A: the noise floor of the ratios);
 - `lean_modules`: `std * noise` once per rollout, the action written through a numpy view (modules kept);

@@ -20,6 +20,7 @@ import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 from compiled_update import CompiledAdamStep, check_compiler
 
@@ -370,6 +371,14 @@ class Agent(nn.Module):
         )
         self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(args.init_logstd)))
 
+    def mean_action(self, x):
+        """actor_mean(x) as F.linear / tanh on the same weights, without the nn.Module calls (the rollout's
+        per-step path; bit-identical to actor_mean)."""
+        l0, _, l2, _, l4 = self.actor_mean
+        h = torch.tanh(F.linear(x, l0.weight, l0.bias))
+        h = torch.tanh(F.linear(h, l2.weight, l2.bias))
+        return F.linear(h, l4.weight, l4.bias)
+
     def policy_parameters(self):
         return [*self.actor_mean.parameters(), self.actor_logstd]
 
@@ -506,7 +515,7 @@ def main(args: Args) -> dict:
     actions = torch.zeros((T, env.act_dim))
     rewards = np.zeros(T, np.float64)
     dones = np.zeros(T, np.float64)  # dones[t]: obs[t] is the first observation of a new episode
-    obs_np = obs.numpy()
+    obs_np, actions_np = obs.numpy(), actions.numpy()
 
     episode_returns, episode_lengths = [], []
     global_step, start_iteration, resumed_at, commits = 0, 1, [], [info["git_commit"]]
@@ -552,13 +561,16 @@ def main(args: Args) -> dict:
             # computed for the whole batch afterwards (same network, same parameters)
             noise = torch.randn((T, env.act_dim))
             with torch.inference_mode():
-                std = torch.exp(agent.actor_logstd)
+                # the noise scaled once per rollout, the mean without module calls, the action written through a
+                # numpy view: the same operations as actor_mean(obs) + std * noise, bit for bit, and a rollout
+                # 1.10x faster at width 256 (benchmarks/results/mujoco_rollout.md)
+                scaled_noise = torch.exp(agent.actor_logstd) * noise
                 for step in range(T):
                     obs_np[step] = next_obs
                     dones[step] = next_done
-                    action = agent.actor_mean(obs[step]) + std * noise[step]
-                    actions[step] = action
-                    next_obs, rewards[step], next_done, episode = env.step(action.numpy())
+                    action = agent.mean_action(obs[step]).add_(scaled_noise[step]).numpy()
+                    actions_np[step] = action
+                    next_obs, rewards[step], next_done, episode = env.step(action)
                     if episode is not None:
                         episode_returns.append(episode[0])
                         episode_lengths.append(episode[1])

@@ -481,3 +481,19 @@ def test_grid_runner_ray_backend_matches_local_runs(tmp_path):
                 ra[k] == rb[k] or (math.isnan(ra[k]) and math.isnan(rb[k]))
                 for k in ra.keys() - TIMING_COLUMNS
             )
+
+
+def test_rollout_mean_action_is_actor_mean_bit_for_bit():
+    """The rollout's module-free policy path is the same function as the module path, to the last bit, for a
+    single observation (the rollout) and a batch, at both widths."""
+    import torch
+
+    module = load("ppo")
+    for width in (64, 256):
+        torch.manual_seed(width)
+        agent = module.Agent(11, 3, module.Args(hidden_size=width))
+        with torch.no_grad():
+            for p in agent.parameters():
+                p.normal_()  # away from the orthogonal init's structure
+            for x in (torch.randn(11), torch.randn(32, 11)):
+                assert torch.equal(agent.mean_action(x), agent.actor_mean(x))
