@@ -8,7 +8,7 @@ torch computes them, that inductor fuses into a few kernels. Parameters and Adam
 in the agent's parameters and in the `torch.optim.Adam` object's state, so rollouts, checkpoints and resume
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
 step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
-Speed: benchmarks/results/mujoco_compile.md (1.15-1.59x end to end at width 256: the update halves, the rollout
+Speed: benchmarks/results/mujoco_compile.md (1.3-1.7x end to end at width 256: the update halves, the rollout
 stays); learning outcomes over seeds: the grid suite compile_equiv, read by benchmarks/compile_equivalence.py.
 """
 
