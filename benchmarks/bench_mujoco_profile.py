@@ -41,7 +41,6 @@ def rollout_costs(env_id: str, width: int, n: int, rounds: int) -> dict[str, flo
     import numpy as np
     import ppo_continuous_action as script
     import torch
-    import torch.nn.functional as F
 
     args = script.Args(env_id=env_id, hidden_size=width)
     env = script.MujocoEnv(args)
@@ -49,12 +48,7 @@ def rollout_costs(env_id: str, width: int, n: int, rounds: int) -> dict[str, flo
     obs = torch.randn(n, env.obs_dim)
     noise = torch.randn(n, env.act_dim)
     actions = torch.zeros(n, env.act_dim)
-    layers = [m for m in agent.actor_mean if isinstance(m, torch.nn.Linear)]
-
-    def raw_mean(x):  # the same function as agent.actor_mean, without nn.Module calls
-        h = torch.tanh(F.linear(x, layers[0].weight, layers[0].bias))
-        h = torch.tanh(F.linear(h, layers[1].weight, layers[1].bias))
-        return F.linear(h, layers[2].weight, layers[2].bias)
+    raw_mean = agent.mean_action  # the same function as agent.actor_mean, without nn.Module calls
 
     with torch.inference_mode():
         assert torch.equal(raw_mean(obs[:64]), agent.actor_mean(obs[:64])), (

@@ -31,23 +31,16 @@ VARIANTS = ["base", "base2", "lean_modules", "lean_no_modules"]
 
 def make_rollout(script, args, variant: str, T: int):
     import torch
-    import torch.nn.functional as F
 
     torch.manual_seed(0)
     env = script.MujocoEnv(args)
     agent = script.Agent(env.obs_dim, env.act_dim, args)
     obs, actions = torch.zeros((T, env.obs_dim)), torch.zeros((T, env.act_dim))
     obs_np, actions_np = obs.numpy(), actions.numpy()
-    l0, _, l2, _, l4 = agent.actor_mean
     state = {"next_obs": env.reset(seed=0)}
     gen = torch.Generator().manual_seed(1)
-
-    def mean_no_modules(x):  # the same operations on the same weights as agent.actor_mean
-        h = torch.tanh(F.linear(x, l0.weight, l0.bias))
-        h = torch.tanh(F.linear(h, l2.weight, l2.bias))
-        return F.linear(h, l4.weight, l4.bias)
-
-    mean = mean_no_modules if variant == "lean_no_modules" else agent.actor_mean
+    # the scripts' module-free path (F.linear / tanh on the same weights) or the module calls
+    mean = agent.mean_action if variant == "lean_no_modules" else agent.actor_mean
 
     def script_step():
         noise = torch.randn((T, env.act_dim), generator=gen)
