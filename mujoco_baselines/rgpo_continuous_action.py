@@ -604,6 +604,8 @@ def main(args: Args) -> dict:
             g_sum = torch.zeros(n_policy_params) if compiled_step is None else compiled_step.g_sum.zero_()
             g_sqsum = 0.0
             epochs_run, backstop = 0, False
+            # beta of this iteration: a tensor for the compiled step (a new float would recompile it)
+            beta = kl_ctl.kl_coef if compiled_step is None else torch.tensor(kl_ctl.kl_coef)
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(T)
                 epoch_logprobs, epoch_idx = [], []  # for the stats, reduced once per epoch
@@ -616,9 +618,10 @@ def main(args: Args) -> dict:
                         b_logprobs[idx],
                         b_returns[idx],
                         b_values[idx],
+                        beta,
                     )
                     if compiled_step is None:  # the eager step
-                        loss, (newlogprob, pg_loss, v_loss) = loss_fn(agent, *batch, kl_ctl.kl_coef)
+                        loss, (newlogprob, pg_loss, v_loss) = loss_fn(agent, *batch)
                         check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
@@ -630,9 +633,7 @@ def main(args: Args) -> dict:
                             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                         optimizer.step()
                     else:  # --compile: the same step as one compiled function; g_sum is accumulated inside
-                        loss, (newlogprob, pg_loss, v_loss), g_sq = compiled_step(
-                            *batch, torch.tensor(kl_ctl.kl_coef)
-                        )
+                        loss, (newlogprob, pg_loss, v_loss), g_sq = compiled_step(*batch)
                         check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)  # the run stops
                         g_sqsum += float(g_sq)
                     epoch_logprobs.append(newlogprob.detach())
