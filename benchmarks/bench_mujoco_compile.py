@@ -25,6 +25,7 @@ import csv
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -192,8 +193,6 @@ def main() -> None:
                 ([sys.executable, os.path.join(base_dir, "ppo_continuous_action.py"), *common, "--hidden-size", "64",
                   "--output-dir", os.path.join(tmp, "runs"), "--run-name", name], tmp, env),
             ])  # fmt: skip
-            import re
-
             cl_sps = float(re.findall(r"SPS: (\d+)", outs[0])[-1])  # CleanRL prints global_step / elapsed
             ours = json.load(open(os.path.join(tmp, "runs", name, "final.json")))[
                 "SPS"
