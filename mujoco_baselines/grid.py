@@ -242,8 +242,10 @@ def run_suites(
                     if code != 0:
                         failed.append((r, code))
                         tqdm.write(f"FAILED ({code}): {r.name}, see {run_dir[r]}/run.log")
+            # a resumed run first drops the metrics rows logged after its last checkpoint: the bar waits for it
+            # to catch up instead of going backwards (negative rate and ETA)
             steps = sum(progress_of(d) for d in run_dir.values())
-            bar.update(steps - bar.n)
+            bar.update(max(0, steps - bar.n))
             bar.set_postfix_str(
                 f"runs {done_runs}/{len(runs)} done, {len(running)} running, {len(failed)} failed"
             )

@@ -274,6 +274,55 @@ def test_trpo_step_respects_kl_bound(tmp_path):
     assert frac > 0 and kl_now <= 0.005 and abs(kl_now - kl) < 1e-6
 
 
+def test_trpo_fisher_vector_product_is_the_closed_form_fisher():
+    """At pi = pi_old the Hessian of the mean Gaussian KL is the Fisher information: J^T diag(exp(-2 logstd)) J / N
+    for the mean network's parameters (J its Jacobian over the N states), 2 I for log-std, no cross terms.
+    float64 against that closed form, bit for bit against rebuilding the KL graph per product, and conjugate
+    gradient against a direct solve."""
+    import torch
+
+    module = load("trpo")
+    torch.manual_seed(0)
+    agent = module.Agent(4, 2, module.Args(hidden_size=8)).double()
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.tensor([-0.3, 0.4], dtype=torch.float64))
+        agent.actor_mean[-1].weight.mul_(50)  # away from the near-zero initial output layer
+    obs = torch.randn(16, 4, dtype=torch.float64)
+    params = agent.policy_parameters()
+    with torch.no_grad():
+        old_mean, old_logstd = agent.actor_mean(obs), agent.actor_logstd.clone()
+
+    def kl_fn():
+        return module.gaussian_kl(old_mean, old_logstd, agent.actor_mean(obs), agent.actor_logstd).mean()
+
+    damping = 0.1
+    fvp = module.fisher_vector_product(kl_fn(), params, damping)
+    mean_params = params[:-1]
+    n_mean = sum(p.numel() for p in mean_params)
+    jac = torch.autograd.functional.jacobian(
+        lambda *ps: torch.func.functional_call(
+            agent.actor_mean,
+            dict(zip([n for n, _ in agent.actor_mean.named_parameters()], ps, strict=True)),
+            (obs,),
+        ),
+        tuple(p.detach() for p in mean_params),
+    )
+    J = torch.cat([j.reshape(obs.shape[0] * 2, -1) for j in jac], dim=1)  # (N * act_dim, n_mean)
+    m = torch.exp(-2 * agent.actor_logstd.detach()).repeat(obs.shape[0]) / obs.shape[0]
+    fisher = torch.block_diag(J.T @ (m[:, None] * J), 2 * torch.eye(2, dtype=torch.float64))
+    for seed in range(3):
+        v = torch.randn(n_mean + 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        torch.testing.assert_close(fvp(v), fisher @ v + damping * v, rtol=1e-10, atol=1e-12)
+
+        kl_grad = module.flat(torch.autograd.grad(kl_fn(), params, create_graph=True))  # rebuilt per product
+        assert torch.equal(fvp(v), module.flat(torch.autograd.grad(kl_grad.dot(v), params)) + damping * v)
+
+    b = torch.randn(n_mean + 2, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    A = fisher + damping * torch.eye(n_mean + 2, dtype=torch.float64)
+    x = module.conjugate_gradient(lambda v: A @ v, b, iters=4 * (n_mean + 2), tol=1e-30)
+    torch.testing.assert_close(x, torch.linalg.solve(A, b), rtol=1e-6, atol=1e-8)
+
+
 def test_env_resets_explicitly_without_fake_transitions():
     """Single env with explicit resets: every step is a real transition, episode returns are raw."""
     module = load("ppo")

@@ -1,0 +1,139 @@
+"""TRPO's Fisher-vector products: rebuilding the KL gradient's graph per product vs building it once.
+
+    python benchmarks/bench_trpo_fvp.py --out benchmarks/results/trpo_fvp
+
+The part of `trpo_step` that changed: 10 conjugate-gradient iterations plus the step-size product, on a
+2048-state batch (Hopper-v4 shapes: 11 observations, 3 actions). Variants, in rotating order over `--rounds`
+rounds in one process (median of the per-round time ratios to `rebuild`):
+
+- `rebuild`: the script before (each product: forward, KL gradient with create_graph, a second backward);
+- `rebuild2`: the same again (A/A: the noise floor of the ratios);
+- `retained`: the script's `fisher_vector_product` (the KL gradient's graph built once, one backward per product).
+
+The step directions are compared with `rebuild`'s in every round (bit for bit). The script's whole
+`trpo_step` (gradient, CG with `retained`, line search) is timed in the same rotation, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
+VARIANTS = ["rebuild", "rebuild2", "retained"]
+
+
+def measure(width: int, rounds: int, n: int = 2048) -> dict:
+    import torch
+    import trpo_continuous_action as script
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    args = script.Args(hidden_size=width)
+    agent = script.Agent(11, 3, args)
+    obs, actions, adv = torch.randn(n, 11), torch.randn(n, 3), torch.randn(n)
+    params = agent.policy_parameters()
+    with torch.no_grad():
+        old_mean, old_logstd = agent.actor_mean(obs), agent.actor_logstd.clone()
+        oldlogprob = agent.log_prob(old_mean, actions)
+    loss = script.trpo_policy_loss(agent.log_prob(agent.actor_mean(obs), actions), oldlogprob, adv)
+    grad = script.flat(torch.autograd.grad(loss, params))
+
+    def kl_fn():
+        return script.gaussian_kl(old_mean, old_logstd, agent.actor_mean(obs), agent.actor_logstd).mean()
+
+    def rebuilt(v):
+        kl_grad = script.flat(torch.autograd.grad(kl_fn(), params, create_graph=True))
+        return script.flat(torch.autograd.grad(kl_grad.dot(v), params)) + args.cg_damping * v
+
+    def solve(variant):
+        fvp = (
+            rebuilt
+            if variant.startswith("rebuild")
+            else script.fisher_vector_product(kl_fn(), params, args.cg_damping)
+        )
+        step_dir = script.conjugate_gradient(fvp, -grad, args.cg_iters)
+        return step_dir, step_dir.dot(fvp(step_dir))
+
+    state = {k: t.clone() for k, t in agent.state_dict().items()}
+
+    def whole_step(_):
+        agent.load_state_dict(state)  # trpo_step moves the parameters
+        return script.trpo_step(agent, params, obs, actions, oldlogprob, adv, args)
+
+    timed = [*VARIANTS, "trpo_step"]
+    times: dict[str, list[float]] = {v: [] for v in timed}
+    identical = dict.fromkeys(VARIANTS, True)
+    for rnd in range(rounds):
+        order = timed[rnd % len(timed) :] + timed[: rnd % len(timed)]
+        out = {}
+        for v in order:
+            t0 = time.perf_counter()
+            out[v] = whole_step(v) if v == "trpo_step" else solve(v)
+            times[v].append(time.perf_counter() - t0)
+        for v in VARIANTS:
+            identical[v] &= all(torch.equal(a, b) for a, b in zip(out["rebuild"], out[v], strict=True))
+    return {
+        "trpo_step_ms": statistics.median(times["trpo_step"]) * 1e3,
+        "variants": {
+            v: {
+                "ms": statistics.median(times[v]) * 1e3,
+                "speedup": statistics.median(a / b for a, b in zip(times["rebuild"], times[v], strict=True)),
+                "bit_identical": identical[v],
+            }
+            for v in VARIANTS
+        },
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--widths", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--out", default="benchmarks/results/trpo_fvp")
+    a = p.parse_args()
+    import torch
+
+    results = {w: measure(w, a.rounds) for w in a.widths}
+    info = {
+        "command": "python benchmarks/bench_trpo_fvp.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+        f"torch {torch.__version__}",
+        "load_average_at_end": os.getloadavg(),
+        "rounds": a.rounds,
+        "results": results,
+    }
+    with open(a.out + ".json", "w") as f:
+        json.dump(info, f, indent=2)
+    lines = [
+        "# TRPO: Fisher-vector products with the KL graph rebuilt per product vs built once",
+        "",
+        f"Command: `{info['command']}`  ",
+        f"Machine: {info['machine']}; one torch thread; load average at end "
+        f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} (read the interleaved ratios; absolute "
+        f"times depend on the load). 2048 states, Hopper-v4 shapes, 10 CG iterations + the step-size product; "
+        f"{a.rounds} rounds; speed-up = median of per-round time ratios to `rebuild`.",
+        "",
+        "| width | variant | CG ms | speed-up vs rebuild | step bit-identical to rebuild | whole trpo_step ms (script) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for w, r in results.items():
+        for v, x in r["variants"].items():
+            lines.append(
+                f"| {w} | {v} | {x['ms']:.0f} | {x['speedup']:.2f}x | {x['bit_identical']} | "
+                f"{r['trpo_step_ms']:.0f} |"
+            )
+    text = "\n".join(lines) + "\n"
+    with open(a.out + ".md", "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
