@@ -24,7 +24,6 @@ import itertools
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -132,61 +131,6 @@ def default_checkpoints() -> str:
     return os.path.join(cache, "grid_checkpoints")
 
 
-class LocalBackend:
-    """Each run is a subprocess on this machine."""
-
-    def __init__(self, env: dict):
-        self.env = env
-
-    def start(self, command: list[str], log_path: str):
-        log = open(log_path, "a")
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT), log
-
-    def poll(self, handle) -> int | None:
-        return handle[0].poll()
-
-    def stop(self, handle) -> None:
-        handle[0].terminate()
-        handle[0].wait()
-
-    def close(self, handle) -> None:
-        handle[1].close()
-
-
-class RayBackend:
-    """Each run is a Ray task (one CPU) running the same command on a node of the cluster (``ray_address``; None
-    starts a local Ray instance). The repository must be at the same path on every node, and the results and
-    checkpoint folders on storage every node sees, so that skip and resume work as with the local backend."""
-
-    def __init__(self, env: dict, address: str | None = None):
-        import ray
-
-        self.ray = ray
-        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
-
-        @ray.remote(num_cpus=1)
-        def run(command: list[str], log_path: str, env: dict) -> int:
-            with open(log_path, "a") as log:
-                return subprocess.run(
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT
-                ).returncode
-
-        self.run, self.env = run, env
-
-    def start(self, command: list[str], log_path: str):
-        return self.run.remote(command, log_path, self.env)
-
-    def poll(self, handle) -> int | None:
-        ready, _ = self.ray.wait([handle], timeout=0)
-        return self.ray.get(handle) if ready else None
-
-    def stop(self, handle) -> None:
-        self.ray.cancel(handle, force=True)
-
-    def close(self, handle) -> None:
-        pass
-
-
 def run_suites(
     runs: list[Run],
     results: str,
@@ -196,65 +140,60 @@ def run_suites(
     backend: str = "local",
     ray_address: str | None = None,
 ) -> list[tuple[Run, int]]:
-    """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``); returns the failed ones with their
-    exit status."""
+    """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``, see rgpo_trl.job_queue); returns the
+    failed ones with their exit status."""
     from tqdm import tqdm
+
+    from rgpo_trl.job_queue import run_queue
 
     run_dir = {r: os.path.join(results, r.suite, r.name) for r in runs}
     checkpoints = checkpoints or default_checkpoints()
-    command = {
-        r: r.command(os.path.join(results, r.suite), os.path.join(checkpoints, r.suite, r.name)) for r in runs
-    }
     todo = [r for r in runs if not os.path.exists(os.path.join(run_dir[r], "final.json"))]
-    total = sum(r.total_timesteps for r in runs)
     print(
         f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time ({backend})",
         flush=True,
     )
+
+    def start(r: Run) -> tuple[list[str], str]:
+        command = r.command(os.path.join(results, r.suite), os.path.join(checkpoints, r.suite, r.name))
+        os.makedirs(run_dir[r], exist_ok=True)
+        log_path = os.path.join(run_dir[r], "run.log")
+        with open(log_path, "a") as log:
+            log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
+        return command, log_path
+
+    def succeeded(r: Run, code: int) -> bool:
+        if code != 0:
+            tqdm.write(f"FAILED ({code}): {r.name}, see {run_dir[r]}/run.log")
+        return code == 0
+
+    # steps already done are the bar's `initial`, so its rate and ETA count this session's steps only
+    bar = tqdm(
+        total=sum(r.total_timesteps for r in runs),
+        initial=sum(progress_of(d) for d in run_dir.values()),
+        unit="step",
+        unit_scale=True,
+        dynamic_ncols=True,
+        smoothing=0.05,
+    )
+
+    def on_poll(ended: int, running: int, failed: int) -> None:
+        # a resumed run first drops the metrics rows logged after its last checkpoint: the bar waits for it
+        # to catch up instead of going backwards (negative rate and ETA)
+        steps = sum(progress_of(d) for d in run_dir.values())
+        bar.update(max(0, steps - bar.n))
+        bar.set_postfix_str(
+            f"runs {len(runs) - len(todo) + ended}/{len(runs)} done, {running} running, {failed} failed"
+        )
+
     # one core per run, compilation included (--compile: inductor would otherwise compile on all cores)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1",
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    executor = RayBackend(env, ray_address) if backend == "ray" else LocalBackend(env)
-    running: dict[Run, object] = {}
-    failed: list[tuple[Run, int]] = []
-    done_runs = len(runs) - len(todo)
-    # steps already done are the bar's `initial`, so its rate and ETA count this session's steps only
-    done_steps = sum(progress_of(d) for d in run_dir.values())
-    bar = tqdm(
-        total=total, initial=done_steps, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.05
-    )
     try:
-        while todo or running:
-            while todo and len(running) < jobs:
-                r = todo.pop(0)
-                os.makedirs(run_dir[r], exist_ok=True)
-                log_path = os.path.join(run_dir[r], "run.log")
-                with open(log_path, "a") as log:
-                    log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[r])}\n")
-                running[r] = executor.start(command[r], log_path)
-            time.sleep(poll)
-            for r, handle in list(running.items()):
-                code = executor.poll(handle)
-                if code is not None:
-                    executor.close(handle)
-                    del running[r]
-                    done_runs += 1
-                    if code != 0:
-                        failed.append((r, code))
-                        tqdm.write(f"FAILED ({code}): {r.name}, see {run_dir[r]}/run.log")
-            # a resumed run first drops the metrics rows logged after its last checkpoint: the bar waits for it
-            # to catch up instead of going backwards (negative rate and ETA)
-            steps = sum(progress_of(d) for d in run_dir.values())
-            bar.update(max(0, steps - bar.n))
-            bar.set_postfix_str(
-                f"runs {done_runs}/{len(runs)} done, {len(running)} running, {len(failed)} failed"
-            )
+        return run_queue(todo, jobs, start, env=env, cwd=ROOT, backend=backend, ray_address=ray_address,
+                         poll=poll, succeeded=succeeded, on_poll=on_poll)  # fmt: skip
     finally:
-        for handle in running.values():  # interrupted: stop the runs in progress; they resume next time
-            executor.stop(handle)
-            executor.close(handle)
         bar.close()
-    return failed
 
 
 def main(argv: list[str] | None = None) -> int:

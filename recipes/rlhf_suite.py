@@ -115,50 +115,41 @@ def run_suite(
     poll: float = 2.0,
     keep_checkpoints: bool = False,
 ) -> list:
-    """Run the unfinished ``runs`` ``jobs`` at a time; returns the failed ones with their exit status. A finished
-    run's Trainer checkpoints are deleted unless ``keep_checkpoints`` (its results are what stays)."""
+    """Run the unfinished ``runs`` ``jobs`` at a time (rgpo_trl.job_queue); returns the failed ones with their exit
+    status. A finished run's Trainer checkpoints are deleted unless ``keep_checkpoints`` (its results are what
+    stays)."""
+    from rgpo_trl.job_queue import run_queue
+
     out = {r: os.path.join(results, r.suite, r.name) for r in runs}
     todo = [r for r in runs if not finished(out[r])]
     print(
         f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time",
         flush=True,
     )
+    start_time = time.time()
+
+    def start(r: RLHFRun) -> tuple[list[str], str]:
+        os.makedirs(out[r], exist_ok=True)
+        cmd = [*r.command(out[r]), *extra]  # resumes from the run's latest checkpoint, if any
+        info_path = os.path.join(out[r], "run_info.json")
+        previous = read_run_info(info_path)
+        with open(info_path, "w") as f:  # one entry per launch: a resumed run lists every part
+            json.dump([*previous, run_info(cmd)], f, indent=2)
+        return cmd, os.path.join(out[r], "run.log")
+
+    def succeeded(r: RLHFRun, code: int) -> bool:
+        ok = code == 0 and finished(out[r])
+        if ok and not keep_checkpoints:
+            for d in os.listdir(out[r]):
+                if d.startswith("checkpoint-"):
+                    shutil.rmtree(os.path.join(out[r], d))
+        done = sum(finished(o) for o in out.values())
+        print(f"[{time.time() - start_time:7.0f}s] {'done' if ok else 'FAILED'} {r.suite}/{r.name}; "
+              f"{done}/{len(runs)} finished", flush=True)  # fmt: skip
+        return ok
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    running, failed, start = {}, [], time.time()
-    try:
-        while todo or running:
-            while todo and len(running) < jobs:
-                r = todo.pop(0)
-                os.makedirs(out[r], exist_ok=True)
-                log = open(os.path.join(out[r], "run.log"), "a")
-                cmd = [*r.command(out[r]), *extra]
-                info_path = os.path.join(out[r], "run_info.json")
-                previous = read_run_info(info_path)
-                with open(info_path, "w") as f:  # one entry per launch: a resumed run lists every part
-                    json.dump([*previous, run_info(cmd)], f, indent=2)
-                running[r] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT),
-                              log)  # fmt: skip
-            time.sleep(poll)
-            for r, (proc, log) in list(running.items()):
-                if proc.poll() is not None:
-                    log.close()
-                    del running[r]
-                    ok = proc.returncode == 0 and finished(out[r])
-                    if not ok:
-                        failed.append((r, proc.returncode))
-                    elif not keep_checkpoints:
-                        for d in os.listdir(out[r]):
-                            if d.startswith("checkpoint-"):
-                                shutil.rmtree(os.path.join(out[r], d))
-                    done = sum(finished(o) for o in out.values())
-                    print(f"[{time.time() - start:7.0f}s] {'done' if ok else 'FAILED'} {r.suite}/{r.name}; "
-                          f"{done}/{len(runs)} finished", flush=True)  # fmt: skip
-    finally:
-        for proc, log in running.values():  # interrupted: stop the runs in progress; they resume next time
-            proc.terminate()
-            proc.wait()
-            log.close()
-    return failed
+    return run_queue(todo, jobs, start, env=env, cwd=ROOT, poll=poll, succeeded=succeeded)
 
 
 def main(argv=None) -> int:
