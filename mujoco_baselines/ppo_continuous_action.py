@@ -82,8 +82,9 @@ class Args:
     max_grad_norm: float = 0.5
     """global gradient-norm clip (<= 0 disables)"""
     compile: bool = False
-    """run each mini-batch update as one torch.compile'd function (compiled_update.py; needs a C++ compiler):
-    the same update, float rounding differs; see benchmarks/results/mujoco_compile.md for speed and equivalence"""
+    """the fast path: each mini-batch update as one torch.compile'd function (compiled_update.py; needs a C++
+    compiler) and the rollout's policy mean in numpy: the same algorithm, float rounding differs; see
+    benchmarks/results/mujoco_compile.md for speed and equivalence"""
 
     # Rollout / advantage estimation
     num_steps: int = 2048
@@ -362,6 +363,14 @@ class Agent(nn.Module):
         h = torch.tanh(F.linear(h, l2.weight, l2.bias))
         return F.linear(h, l4.weight, l4.bias)
 
+    def numpy_mean_action(self):
+        """actor_mean as a numpy function on views of the same weights (`W @ x + b`, tanh; they follow every
+        in-place update): the same function with other kernels, so other float rounding. --compile's rollout
+        step; rollouts 1.5-1.7x faster than with mean_action at width 256 (benchmarks/results/mujoco_rollout.md)."""
+        (w0, b0), (w1, b1), (w2, b2) = [(lin.weight.detach().numpy(), lin.bias.detach().numpy())
+                                        for lin in self.actor_mean[::2]]  # fmt: skip
+        return lambda x: w2 @ np.tanh(w1 @ np.tanh(w0 @ x + b0) + b1) + b2
+
     def policy_parameters(self):
         return [*self.actor_mean.parameters(), self.actor_logstd]
 
@@ -540,10 +549,15 @@ def main(args: Args) -> dict:
                 # numpy view: the same operations as actor_mean(obs) + std * noise, bit for bit, and a rollout
                 # 1.10x faster at width 256 (benchmarks/results/mujoco_rollout.md)
                 scaled_noise = torch.exp(agent.actor_logstd) * noise
+                numpy_mean = agent.numpy_mean_action() if args.compile else None
+                noise_np = scaled_noise.numpy()
                 for step in range(T):
                     obs_np[step] = next_obs
                     dones[step] = next_done
-                    action = agent.mean_action(obs[step]).add_(scaled_noise[step]).numpy()
+                    if numpy_mean is None:
+                        action = agent.mean_action(obs[step]).add_(scaled_noise[step]).numpy()
+                    else:  # --compile: the mean in numpy (same function, other rounding)
+                        action = numpy_mean(obs_np[step]) + noise_np[step]
                     actions_np[step] = action
                     next_obs, rewards[step], next_done, episode = env.step(action)
                     if episode is not None:

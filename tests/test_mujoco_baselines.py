@@ -556,6 +556,37 @@ def test_rollout_mean_action_is_actor_mean_bit_for_bit():
                 assert torch.equal(agent.mean_action(x), agent.actor_mean(x))
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_numpy_mean_action_is_actor_mean_and_follows_updates(method):
+    """--compile's rollout policy mean (numpy on views of the weights) is actor_mean up to float32 rounding against
+    a float64 reference, and sees the weights after an in-place optimiser step and a checkpoint reload."""
+    import torch
+
+    module = load(method)
+    torch.manual_seed(0)
+    agent = module.Agent(11, 3, module.Args(hidden_size=64))
+    numpy_mean = agent.numpy_mean_action()
+    x = torch.randn(11)
+    opt = torch.optim.Adam(agent.parameters(), lr=0.1)
+    for _ in range(2):
+        with torch.no_grad():  # float64 reference on copies of the weights
+            h = x.double()
+            for i, lin in enumerate(agent.actor_mean[::2]):
+                h = torch.nn.functional.linear(h, lin.weight.double(), lin.bias.double())
+                h = torch.tanh(h) if i < 2 else h
+        got = numpy_mean(x.numpy())
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, h.numpy(), rtol=1e-5, atol=1e-6)
+        # an Adam step changes the weights in place: the same numpy function must see them
+        opt.zero_grad()
+        agent.actor_mean(x).sum().backward()
+        opt.step()
+    state = {k: v.clone() + 1 for k, v in agent.state_dict().items()}
+    agent.load_state_dict(state)  # copies in place: still the same storage
+    with torch.no_grad():
+        np.testing.assert_allclose(numpy_mean(x.numpy()), agent.actor_mean(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_readme_script_commands_parse():
     """Every `python mujoco_baselines/<method>_continuous_action.py ...` line in the READMEs names real flags
     (tyro parses it; a renamed or invented flag fails here, not in a user's terminal)."""
