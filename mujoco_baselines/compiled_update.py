@@ -8,8 +8,9 @@ torch computes them, that inductor fuses into a few kernels. Parameters and Adam
 in the agent's parameters and in the `torch.optim.Adam` object's state, so rollouts, checkpoints and resume
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
 step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
-Speed: benchmarks/results/mujoco_compile.md (1.3-1.7x end to end at width 256: the update halves, the rollout
-stays); learning outcomes over seeds: the grid suite compile_equiv, read by benchmarks/compile_equivalence.py.
+Speed: benchmarks/results/mujoco_compile.md (the update halves at width 256; with the scripts' --compile rollout,
+1.6-2.1x end to end); learning outcomes over seeds: the grid suite compile_equiv, read by
+benchmarks/compile_equivalence.py.
 """
 
 from __future__ import annotations
