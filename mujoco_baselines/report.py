@@ -388,11 +388,14 @@ def aggregate_md(agg) -> str:
 
 
 def ppo_kl_md(runs) -> str:
-    """The PPO-KL question: return and both KL definitions per setting (seed 0; `default` is main's seed 0)."""
+    """The PPO-KL question: return and both KL definitions per setting (seed 0; `default` is main's seed 0), below
+    the paper's row (3 seeds; the paper does not say which KL definition it reports)."""
     lines = ["| env | method | setting | n | final return | mean KL | max KL | spike rate | mean KL_final | "
              "spike rate (KL_final) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for env in ("HalfCheetah-v4", "Walker2d-v4"):
         for m in ("ppo", "rgpo"):
+            (ret, _), (kl_mean, kl_max, spikes) = PAPER_RETURNS[env][m], PAPER_KL[env][m]
+            lines.append(f"| {env} | {m} | paper | 3 | {ret} | {kl_mean} | {kl_max} | {spikes:.0%} | | |")
             for variant in ("default", "no_gradclip", "no_advnorm", "no_lranneal", "all_off"):
                 rs = ([r for r in _finished(runs, suite="main", env=env, method=m) if r.cfg["seed"] == 0]
                       if variant == "default" else _finished(runs, suite="ppo_kl", env=env, method=m, variant=variant))  # fmt: skip

@@ -126,3 +126,20 @@ def test_gates_window_and_report_files(results, tmp_path):
     for name in ("report.md", "main_returns.csv", "kl_ess.csv", "aggregate.json", "final_returns.png",
                  "curves_kl.png", "kl_spectrum.png", "gates.png"):  # fmt: skip
         assert os.path.getsize(os.path.join(out, name)) > 0, name
+
+
+def test_ppo_kl_table_rows(results):
+    """Each setting's row: its run's return and both KL definitions; `default` is main's seed 0; the paper's row
+    above; a setting without a finished run is 'not run'."""
+    write_run(
+        results, "ppo_kl", "HalfCheetah-v4", "ppo", 0, 700.0, [0.01, 0.09, 0.05, 0.2], variant="no_lranneal"
+    )
+    text = report.ppo_kl_md(report.load_runs(results))
+    lines = text.splitlines()
+    assert "| HalfCheetah-v4 | ppo | paper | 3 | 3107 | 0.243 | 11.59 | 79% | | |" in lines
+    # mean 0.0875, max 0.2, 3 of 4 above 0.04; KL_final = 1.5 x: mean 0.13125, 3 of 4 above 0.04
+    assert "| HalfCheetah-v4 | ppo | no_lranneal | 1 | 700 | 0.0875 | 0.2000 | 75% | 0.1313 | 75% |" in lines
+    # main's seed 0 (return 100, KL 0.01 0.05 0.03 0.1): mean 0.0475, 2 of 4 above 0.04; KL_final 3 of 4
+    assert "| HalfCheetah-v4 | ppo | default | 1 | 100 | 0.0475 | 0.1000 | 50% | 0.0713 | 75% |" in lines
+    assert "| HalfCheetah-v4 | ppo | all_off | 0 | not run | | | | | |" in lines
+    assert "| Walker2d-v4 | ppo | default | 0 | not run | | | | | |" in lines
