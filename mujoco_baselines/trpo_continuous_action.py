@@ -424,8 +424,8 @@ def fisher_vector_product(kl, params, damping):
     """v -> (H + damping I) v, H the Hessian of `kl` (the mean KL to pi_old at pi_old: the Fisher information).
 
     The KL gradient's graph is built once and each product differentiates through it again: the same products
-    bit for bit as rebuilding it per product, and the TRPO step ~1.4x faster at width 256 (one backward per CG
-    iteration instead of a forward and two backwards)."""
+    bit for bit as rebuilding it per product, and conjugate gradient 1.52x faster at width 256 (one backward per
+    CG iteration instead of a forward and two backwards; benchmarks/results/trpo_fvp.md)."""
     kl_grad = flat(torch.autograd.grad(kl, params, create_graph=True))
 
     def fvp(v):
