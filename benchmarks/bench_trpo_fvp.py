@@ -1,4 +1,4 @@
-"""TRPO's Fisher-vector products: rebuilding the KL gradient's graph per product vs building it once.
+"""TRPO's Fisher-vector products: rebuilding the KL gradient's graph per product, building it once, closed form.
 
     python benchmarks/bench_trpo_fvp.py --out benchmarks/results/trpo_fvp
 
@@ -8,10 +8,14 @@ rounds in one process (median of the per-round time ratios to `rebuild`):
 
 - `rebuild`: the script before (each product: forward, KL gradient with create_graph, a second backward);
 - `rebuild2`: the same again (A/A: the noise floor of the ratios);
-- `retained`: the script's `fisher_vector_product` (the KL gradient's graph built once, one backward per product).
+- `retained`: the script's `fisher_vector_product` (the KL gradient's graph built once, one backward per product;
+  the default path);
+- `closed_form`: the script's `gauss_newton_fvp` (J v and J^T u by hand through the activations at pi_old;
+  --compile's path, other float rounding).
 
-The step directions are compared with `rebuild`'s in every round (bit for bit). The script's whole
-`trpo_step` (gradient, CG with `retained`, line search) is timed in the same rotation, for scale.
+The step directions are compared with `rebuild`'s in every round (bit for bit, and the largest relative
+difference of the step direction). The script's whole `trpo_step` (gradient, CG, line search) is timed in the
+same rotation with either product, for scale.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
-VARIANTS = ["rebuild", "rebuild2", "retained"]
+VARIANTS = ["rebuild", "rebuild2", "retained", "closed_form"]
 
 
 def measure(width: int, rounds: int, n: int = 2048) -> dict:
@@ -53,39 +57,52 @@ def measure(width: int, rounds: int, n: int = 2048) -> dict:
         return script.flat(torch.autograd.grad(kl_grad.dot(v), params)) + args.cg_damping * v
 
     def solve(variant):
-        fvp = (
-            rebuilt
-            if variant.startswith("rebuild")
-            else script.fisher_vector_product(kl_fn(), params, args.cg_damping)
-        )
+        if variant.startswith("rebuild"):
+            fvp = rebuilt
+        elif variant == "retained":
+            fvp = script.fisher_vector_product(kl_fn(), params, args.cg_damping)
+        else:
+            fvp = script.gauss_newton_fvp(agent, obs, args.cg_damping)
         step_dir = script.conjugate_gradient(fvp, -grad, args.cg_iters)
         return step_dir, step_dir.dot(fvp(step_dir))
 
     state = {k: t.clone() for k, t in agent.state_dict().items()}
 
-    def whole_step(_):
-        agent.load_state_dict(state)  # trpo_step moves the parameters
-        return script.trpo_step(agent, params, obs, actions, oldlogprob, adv, args)
+    def whole_step(variant):
+        closed_form = variant == "trpo_step_closed_form"
+        out = script.trpo_step(
+            agent, params, obs, actions, oldlogprob, adv, args, closed_form_fisher=closed_form
+        )
+        agent.load_state_dict(state)  # trpo_step moved the parameters: the products are taken at pi_old
+        return out
 
-    timed = [*VARIANTS, "trpo_step"]
+    timed = [*VARIANTS, "trpo_step", "trpo_step_closed_form"]
     times: dict[str, list[float]] = {v: [] for v in timed}
     identical = dict.fromkeys(VARIANTS, True)
+    max_rel = dict.fromkeys(VARIANTS, 0.0)
     for rnd in range(rounds):
         order = timed[rnd % len(timed) :] + timed[: rnd % len(timed)]
         out = {}
         for v in order:
             t0 = time.perf_counter()
-            out[v] = whole_step(v) if v == "trpo_step" else solve(v)
+            out[v] = whole_step(v) if v.startswith("trpo_step") else solve(v)
             times[v].append(time.perf_counter() - t0)
         for v in VARIANTS:
             identical[v] &= all(torch.equal(a, b) for a, b in zip(out["rebuild"], out[v], strict=True))
+            ref, step_dir = out["rebuild"][0], out[v][0]
+            max_rel[v] = max(max_rel[v], float((step_dir - ref).norm() / ref.norm()))
     return {
         "trpo_step_ms": statistics.median(times["trpo_step"]) * 1e3,
+        "trpo_step_closed_form_ms": statistics.median(times["trpo_step_closed_form"]) * 1e3,
         "variants": {
             v: {
                 "ms": statistics.median(times[v]) * 1e3,
                 "speedup": statistics.median(a / b for a, b in zip(times["rebuild"], times[v], strict=True)),
+                "speedup_vs_retained": statistics.median(
+                    a / b for a, b in zip(times["retained"], times[v], strict=True)
+                ),
                 "bit_identical": identical[v],
+                "max_rel_diff": max_rel[v],
             }
             for v in VARIANTS
         },
@@ -112,23 +129,29 @@ def main() -> None:
     with open(a.out + ".json", "w") as f:
         json.dump(info, f, indent=2)
     lines = [
-        "# TRPO: Fisher-vector products with the KL graph rebuilt per product vs built once",
+        "# TRPO: Fisher-vector products with the KL graph rebuilt per product, built once, or in closed form",
         "",
         f"Command: `{info['command']}`  ",
         f"Machine: {info['machine']}; one torch thread; load average at end "
         f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} (read the interleaved ratios; absolute "
         f"times depend on the load). 2048 states, Hopper-v4 shapes, 10 CG iterations + the step-size product; "
-        f"{a.rounds} rounds; speed-up = median of per-round time ratios to `rebuild`.",
+        f"{a.rounds} rounds; speed-up = median of per-round time ratios. `retained` is the default path, "
+        "`closed_form` --compile's; relative difference = largest ||d - d_rebuild|| / ||d_rebuild|| of the step "
+        "direction d over the rounds.",
         "",
-        "| width | variant | CG ms | speed-up vs rebuild | step bit-identical to rebuild | whole trpo_step ms (script) |",
-        "|---|---|---|---|---|---|",
+        "| width | variant | CG ms | speed-up vs rebuild | speed-up vs retained | step bit-identical to rebuild "
+        "| relative difference |",
+        "|---|---|---|---|---|---|---|",
     ]
     for w, r in results.items():
         for v, x in r["variants"].items():
             lines.append(
-                f"| {w} | {v} | {x['ms']:.0f} | {x['speedup']:.2f}x | {x['bit_identical']} | "
-                f"{r['trpo_step_ms']:.0f} |"
+                f"| {w} | {v} | {x['ms']:.0f} | {x['speedup']:.2f}x | {x['speedup_vs_retained']:.2f}x | "
+                f"{x['bit_identical']} | {x['max_rel_diff']:.1e} |"
             )
+    lines += ["", "Whole `trpo_step` (gradient, CG, line search), ms: "
+              + "; ".join(f"width {w}: {r['trpo_step_ms']:.0f} with `retained`, "
+                          f"{r['trpo_step_closed_form_ms']:.0f} with `closed_form`" for w, r in results.items())]  # fmt: skip
     text = "\n".join(lines) + "\n"
     with open(a.out + ".md", "w") as f:
         f.write(text)

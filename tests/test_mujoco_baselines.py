@@ -266,18 +266,24 @@ def test_trpo_step_respects_kl_bound(tmp_path):
         oldlogprob = agent.log_prob(old_mean, actions)
     adv = torch.randn(512) * 10
     params = agent.policy_parameters()
-    _, kl, frac, _ = module.trpo_step(agent, params, obs, actions, oldlogprob, adv, args)
-    with torch.no_grad():
-        kl_now = float(
-            module.gaussian_kl(old_mean, old_logstd, agent.actor_mean(obs), agent.actor_logstd).mean()
+    start = {k: v.clone() for k, v in agent.state_dict().items()}
+    for closed_form_fisher in (False, True):  # the default and the --compile Fisher-vector products
+        agent.load_state_dict(start)
+        _, kl, frac, _, logp = module.trpo_step(
+            agent, params, obs, actions, oldlogprob, adv, args, closed_form_fisher=closed_form_fisher
         )
-    assert frac > 0 and kl_now <= 0.005 and abs(kl_now - kl) < 1e-6
+        with torch.no_grad():
+            mean = agent.actor_mean(obs)
+            kl_now = float(module.gaussian_kl(old_mean, old_logstd, mean, agent.actor_logstd).mean())
+            assert torch.equal(logp, agent.log_prob(mean, actions))  # log-probs of the resulting policy
+        assert frac > 0 and kl_now <= 0.005 and abs(kl_now - kl) < 1e-6
 
 
 def test_trpo_fisher_vector_product_is_the_closed_form_fisher():
     """At pi = pi_old the Hessian of the mean Gaussian KL is the Fisher information: J^T diag(exp(-2 logstd)) J / N
     for the mean network's parameters (J its Jacobian over the N states), 2 I for log-std, no cross terms.
-    float64 against that closed form, bit for bit against rebuilding the KL graph per product, and conjugate
+    Both products (the KL's Hessian by autograd, and --compile's hand-written J v / J^T u) in float64 against that
+    closed form built from autograd's full Jacobian, bit for bit against rebuilding the KL graph per product, and conjugate
     gradient against a direct solve."""
     import torch
 
@@ -297,6 +303,7 @@ def test_trpo_fisher_vector_product_is_the_closed_form_fisher():
 
     damping = 0.1
     fvp = module.fisher_vector_product(kl_fn(), params, damping)
+    closed_form = module.gauss_newton_fvp(agent, obs, damping)  # --compile's products
     mean_params = params[:-1]
     n_mean = sum(p.numel() for p in mean_params)
     jac = torch.autograd.functional.jacobian(
@@ -313,6 +320,7 @@ def test_trpo_fisher_vector_product_is_the_closed_form_fisher():
     for seed in range(3):
         v = torch.randn(n_mean + 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         torch.testing.assert_close(fvp(v), fisher @ v + damping * v, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(closed_form(v), fisher @ v + damping * v, rtol=1e-10, atol=1e-12)
 
         kl_grad = module.flat(torch.autograd.grad(kl_fn(), params, create_graph=True))  # rebuilt per product
         assert torch.equal(fvp(v), module.flat(torch.autograd.grad(kl_grad.dot(v), params)) + damping * v)
