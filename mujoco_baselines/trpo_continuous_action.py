@@ -459,7 +459,7 @@ def gauss_newton_fvp(agent, obs, damping):
     Jacobian of the mean over the batch) and 2 I on actor_logstd (no cross terms). J v is pushed forward and
     J^T u pulled back through actor_mean's activations at pi_old, computed once: the same products as
     `fisher_vector_product` up to float rounding, without rebuilding or re-differentiating a graph; conjugate
-    gradient 2.1x faster at width 256 (benchmarks/results/trpo_fvp.md)."""
+    gradient 1.86x faster at width 256 than with it (benchmarks/results/trpo_fvp.md)."""
     l0, _, l1, _, l2 = agent.actor_mean
     params = agent.policy_parameters()
     w1, w2 = l1.weight.detach(), l2.weight.detach()
