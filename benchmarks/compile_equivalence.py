@@ -42,7 +42,13 @@ def load_run(run_dir: str) -> dict | None:
             rows = list(csv.DictReader(f))
     except (OSError, ValueError):
         return None
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            commit = json.load(f).get("git_commit", "unknown")
+    except (OSError, ValueError):
+        commit = "unknown"
     return {
+        "commit": commit,
         "final_return": float(final["final_return"]),
         "kl": statistics.fmean(float(r["kl"]) for r in rows),
         "kl_final": statistics.fmean(float(r["kl_final"]) for r in rows),
@@ -63,7 +69,7 @@ def welch_p(a: list[float], b: list[float]) -> float:
 
 def analyse(results: str) -> dict:
     suite = os.path.join(results, "compile_equiv")
-    out, missing = [], []
+    out, missing, commits = [], [], {"eager": set(), "compile": set()}
     for method in METHODS:
         for env in ENVS:
             side = {}
@@ -73,6 +79,8 @@ def analyse(results: str) -> dict:
                     name = f"{env}__{method}__{variant}__s{seed}__300k"
                     run = load_run(os.path.join(suite, name))
                     (side[variant].append(run) if run else missing.append(name))
+                    if run:
+                        commits[variant].add(run["commit"][:7])
             row = {
                 "method": method,
                 "env": env,
@@ -93,7 +101,7 @@ def analyse(results: str) -> dict:
             if row["n_eager"] >= 2 and row["n_compile"] >= 2:
                 row["agrees"] = all(not (row[k]["p"] < 0.05) for k in METRICS)
             out.append(row)
-    return {"rows": out, "missing": missing}
+    return {"rows": out, "missing": missing, "commits": {k: sorted(v) for k, v in commits.items()}}
 
 
 def fmt(values: list[float], digits: int) -> str:
@@ -110,7 +118,9 @@ def markdown(r: dict, command: str) -> str:
         "",
         f"Command: `{command}` (runs: `python mujoco_baselines/grid.py compile_equiv`). Mean ± sample std over "
         "seeds 0-2, 300k steps, width 256; Δ = (compiled − eager mean) / eager seed std; p: two-sided Welch "
-        "t-test. Criterion fixed before the runs: agrees if no metric has p < 0.05 (low power with 3 seeds).",
+        "t-test. Criterion fixed before the runs: agrees if no metric has p < 0.05 (low power with 3 seeds). "
+        f"Commits of the runs: eager {', '.join(r['commits']['eager']) or '-'}; --compile "
+        f"{', '.join(r['commits']['compile']) or '-'}.",
         "",
         "| script | env | metric | eager | --compile | Δ (seed stds) | p |",
         "|---|---|---|---|---|---|---|",

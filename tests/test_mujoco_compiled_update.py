@@ -174,6 +174,9 @@ def _fake_run(root, name, final_return, kls, sps=1000.0):
     d = root / "compile_equiv" / name
     d.mkdir(parents=True)
     (d / "final.json").write_text(json.dumps({"final_return": final_return, "SPS": sps}))
+    (d / "config.json").write_text(
+        json.dumps({"git_commit": ("c0mp11e" if "compile" in name else "eag3r00") + "x" * 33})
+    )
     with open(d / "metrics.csv", "w") as f:
         f.write("iteration,kl,kl_final,spike\n")
         for i, kl in enumerate(kls):
@@ -209,6 +212,7 @@ def test_compile_equivalence_report_on_known_runs(tmp_path):
     assert shifted["final_return"]["p"] == pytest.approx(expected_p)
     assert "agrees" not in rows[("trpo", "Hopper-v4")]  # nothing ran
     assert "HalfCheetah-v4__awr__compile__s2__300k" in r["missing"] and len(r["missing"]) == 48 - 12
+    assert r["commits"] == {"eager": ["eag3r00"], "compile": ["c0mp11e"]}  # which code made each side
     md = ce.markdown(r, "cmd")
     assert (
         "| rgpo | Hopper-v4 | 3 / 3 | **no** |" in md
