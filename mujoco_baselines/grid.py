@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -208,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs side by side (default: cores)")
     p.add_argument("--list", action="store_true", help="list the suites' runs and their state, run nothing")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run every script with --compile (the fast path; learning outcomes agree with the eager path within "
+        "seed noise: benchmarks/results/mujoco_compile_equivalence.md); same run names, each config.json records "
+        "the mode, and a run may resume in either mode. Not with compile_equiv, whose runs fix their mode",
+    )
+    p.add_argument(
         "--backend",
         choices=["local", "ray"],
         default="local",
@@ -227,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
     runs = [r for s in (args.suites or SUITES) for r in SUITES[s]]
+    if args.compile:
+        if "compile_equiv" in args.suites:
+            p.error("--compile cannot be combined with compile_equiv (its eager runs must stay eager)")
+        runs = [replace(r, flags=(*r.flags, "--compile")) for r in runs]
     if args.list:
         for r in runs:
             d = os.path.join(args.results, r.suite, r.name)

@@ -513,6 +513,22 @@ def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, 
     assert mtimes == {r.name: os.path.getmtime(results / "t" / r.name / "final.json") for r in runs}
 
 
+def test_grid_compile_flag_adds_compile_to_every_run_but_not_to_compile_equiv(capsys):
+    """`grid.py --compile` passes --compile to every script of the named suites (run names unchanged, so a run
+    resumes in either mode) and refuses compile_equiv, whose eager side must stay eager."""
+    grid = _load_grid()
+    assert grid.main(["smoke", "gates", "--compile", "--list"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert len(lines) == len(grid.SUITES["smoke"]) + len(grid.SUITES["gates"])
+    assert all(ln.endswith("--compile") for ln in lines)
+    assert any("HalfCheetah-v4__rgpo__clipped_linear__s0__1000k" in ln for ln in lines)
+    assert grid.main(["smoke", "--list"]) == 0
+    assert "--compile" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        grid.main(["compile_equiv", "--compile"])
+    assert "cannot be combined with compile_equiv" in capsys.readouterr().err
+
+
 def _load_grid():
     spec = importlib.util.spec_from_file_location("grid", os.path.join(ROOT, "mujoco_baselines", "grid.py"))
     module = importlib.util.module_from_spec(spec)
