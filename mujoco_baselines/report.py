@@ -273,30 +273,44 @@ def ess_md(t: pd.DataFrame) -> str:
 
 
 def gates_table(runs):
-    """Ablation A on HalfCheetah-v4: sigmoid from `main`, the other gates from `gates`."""
-    rows = []
+    """Ablation A on HalfCheetah-v4: sigmoid from `main`, the other gates from `gates`; each other gate against
+    sigmoid on the window return (change and one-tailed Welch p for sigmoid > gate)."""
+    rows, windows = [], {}
     for gate in PAPER_GATES:
         rs = (_finished(runs, suite="main", env="HalfCheetah-v4", method="rgpo") if gate == "sigmoid"
               else _finished(runs, suite="gates", env="HalfCheetah-v4", variant=gate))  # fmt: skip
-        window = [r.metrics["episodic_return"].dropna().iloc[-20:].mean() for r in rs]
+        window = windows[gate] = [r.metrics["episodic_return"].dropna().iloc[-20:].mean() for r in rs]
         mean, std, n = mean_std(window)
         df = pd.concat([r.metrics for r in rs]) if rs else pd.DataFrame({"ess": [], "kl": []})
         rows.append({"gate": gate, "n": n, "window_return": mean, "seed_std": std,
                      "final_return": mean_std([r.final_return for r in rs])[0],
                      "ess": df["ess"].mean(), "kl_mean": df["kl"].mean()})  # fmt: skip
-    return pd.DataFrame(rows)
+    t = pd.DataFrame(rows)
+    sigmoid = windows["sigmoid"]
+    t["vs_sigmoid"] = t.window_return / (np.mean(sigmoid) if sigmoid else np.nan) - 1
+    t["p_sigmoid_greater"] = [
+        np.nan if g == "sigmoid" else welch_greater(sigmoid, windows[g])[2] for g in t.gate
+    ]
+    return t
 
 
 def gates_md(t):
-    lines = ["| gate | n | return (last-20-iteration window) ours / paper | seed std ours / paper | ESS ours / paper "
-             "| mean KL ours / paper |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| gate | n | return (last-20-iteration window) ours / paper | vs sigmoid ours (p, sigmoid > gate) / paper "
+             "| seed std ours / paper | ESS ours / paper | mean KL ours / paper |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for _, r in t.iterrows():
         p = PAPER_GATES[r.gate]
+        paper_vs = "-" if r.gate == "sigmoid" else f"{p[0] / PAPER_GATES['sigmoid'][0] - 1:+.0%}"
         if r.n == 0:
-            lines.append(f"| {r.gate} | 0 | not run / {p[0]} | - / {p[1]} | - / {p[2]} | - / {p[3]} |")
-        else:
-            lines.append(f"| {r.gate} | {r.n} | {r.window_return:.0f} / {p[0]} | {r.seed_std:.0f} / {p[1]} | "
-                         f"{r.ess:.3f} / {p[2]} | {r.kl_mean:.4f} / {p[3]} |")  # fmt: skip
+            lines.append(
+                f"| {r.gate} | 0 | not run / {p[0]} | - / {paper_vs} | - / {p[1]} | - / {p[2]} | - / {p[3]} |"
+            )
+            continue
+        ours_vs = "-" if r.gate == "sigmoid" or np.isnan(r.vs_sigmoid) else f"{r.vs_sigmoid:+.0%}"
+        if not np.isnan(r.p_sigmoid_greater):
+            ours_vs += f" (p = {r.p_sigmoid_greater:.2f})"
+        lines.append(f"| {r.gate} | {r.n} | {r.window_return:.0f} / {p[0]} | {ours_vs} / {paper_vs} | "
+                     f"{r.seed_std:.0f} / {p[1]} | {r.ess:.3f} / {p[2]} | {r.kl_mean:.4f} / {p[3]} |")  # fmt: skip
     return "\n".join(lines)
 
 

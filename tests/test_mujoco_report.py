@@ -122,10 +122,32 @@ def test_gates_window_and_report_files(results, tmp_path):
     out = str(tmp_path / "report")
     text = report.build_report(results, out, n_boot=200)
     assert "| main | 48 | 7 | 1 | 40 |" in text  # 7 finished, Hopper RGPO in progress, the rest not started
-    assert "| clipped_linear | 0 | not run / 3181 |" in text
+    assert "| clipped_linear | 0 | not run / 3181 | - / -7% |" in text
     for name in ("report.md", "main_returns.csv", "kl_ess.csv", "aggregate.json", "final_returns.png",
                  "curves_kl.png", "kl_spectrum.png", "gates.png"):  # fmt: skip
         assert os.path.getsize(os.path.join(out, name)) > 0, name
+
+
+def test_gates_against_sigmoid_welch(tmp_path):
+    """Each gate against sigmoid (main's RGPO, HalfCheetah) on the last-20-iteration window: the change and the
+    one-tailed Welch p for sigmoid > gate, against scipy; the paper's change beside it."""
+    root = str(tmp_path / "r")
+    for seed, (sig, lin) in enumerate([(1000.0, 700.0), (1200.0, 800.0), (1100.0, 1000.0)]):
+        write_run(root, "main", "HalfCheetah-v4", "rgpo", seed, sig, [0.02] * 30)
+        write_run(root, "gates", "HalfCheetah-v4", "rgpo", seed, lin, [0.02] * 30, variant="clipped_linear")
+    t = report.gates_table(report.load_runs(root)).set_index("gate")
+    window = np.linspace(0, 1, 30)[-20:].mean()  # episodic_return = linspace(0, final, 30)
+    ref = stats.ttest_ind(np.array([1000, 1200, 1100]) * window, np.array([700, 800, 1000]) * window,
+                          equal_var=False, alternative="greater")  # fmt: skip
+    lin = t.loc["clipped_linear"]
+    assert lin.p_sigmoid_greater == pytest.approx(ref.pvalue)
+    assert lin.vs_sigmoid == pytest.approx(2500 / 3300 - 1)
+    assert np.isnan(t.loc["sigmoid"].p_sigmoid_greater) and t.loc["temperature"].n == 0
+    md = report.gates_md(t.reset_index())
+    assert (
+        f"| clipped_linear | 3 | {lin.window_return:.0f} / 3181 | -24% (p = {ref.pvalue:.2f}) / -7% |" in md
+    )
+    assert "| temperature | 0 | not run / 1886 | - / -45% |" in md
 
 
 def test_ppo_kl_table_rows(results):
