@@ -233,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
-    runs = [r for s in (args.suites or SUITES) for r in SUITES[s]]
+    suites = args.suites or list(SUITES)
+    runs = [r for s in suites for r in SUITES[s]]
     if args.compile:
-        if "compile_equiv" in args.suites:
+        if "compile_equiv" in suites:
             p.error("--compile cannot be combined with compile_equiv (its eager runs must stay eager)")
         runs = [replace(r, flags=(*r.flags, "--compile")) for r in runs]
     if args.list:

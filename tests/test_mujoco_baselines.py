@@ -524,9 +524,10 @@ def test_grid_compile_flag_adds_compile_to_every_run_but_not_to_compile_equiv(ca
     assert any("HalfCheetah-v4__rgpo__clipped_linear__s0__1000k" in ln for ln in lines)
     assert grid.main(["smoke", "--list"]) == 0
     assert "--compile" not in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        grid.main(["compile_equiv", "--compile"])
-    assert "cannot be combined with compile_equiv" in capsys.readouterr().err
+    for argv in (["compile_equiv", "--compile"], ["--list", "--compile"]):  # named, or every suite listed
+        with pytest.raises(SystemExit):
+            grid.main(argv)
+        assert "cannot be combined with compile_equiv" in capsys.readouterr().err
 
 
 def _load_grid():
