@@ -9,8 +9,8 @@ in the agent's parameters and in the `torch.optim.Adam` object's state, so rollo
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
 step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
 Speed: benchmarks/results/mujoco_compile.md (the update halves at width 256; with the scripts' --compile rollout,
-1.84-2.09x end to end at width 256 in the latest run); learning outcomes over seeds: the grid suite compile_equiv, read by
-benchmarks/compile_equivalence.py.
+1.84-2.09x end to end at width 256 in the latest run); learning outcomes over seeds: the grid suite
+compile_equiv, read by benchmarks/compile_equivalence.py.
 """
 
 from __future__ import annotations
