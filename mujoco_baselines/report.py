@@ -332,14 +332,21 @@ def single_runs_md(runs, suite, paper, title):
     return pd.DataFrame(rows), "\n".join(lines)
 
 
+def _long_runs(runs, method, budget):
+    """Finished HalfCheetah runs of the long-horizon table: `main`'s at 1M steps, the `long` suite's at 3M / 6M."""
+    if budget == 1:
+        return _finished(runs, suite="main", env="HalfCheetah-v4", method=method)
+    return [
+        r for r in _finished(runs, suite="long", method=method) if r.cfg["total_timesteps"] == budget * 10**6
+    ]
+
+
 def long_table(runs):
     rows = []
     for m in ("ppo", "rgpo"):
         row = {"method": m}
         for budget in (1, 3, 6):
-            rs = (_finished(runs, suite="main", env="HalfCheetah-v4", method=m) if budget == 1 else
-                  [r for r in _finished(runs, suite="long", method=m) if r.cfg["total_timesteps"] == budget * 10**6])  # fmt: skip
-            row[f"{budget}M"] = [r.final_return for r in rs]
+            row[f"{budget}M"] = [r.final_return for r in _long_runs(runs, m, budget)]
         rows.append(row)
     return rows
 
@@ -502,6 +509,34 @@ def figures(runs, out):
         ax.set_ylabel("mean KL to pi_old (log)")
         ax.legend(ncol=4, fontsize=8)
         written.append(_save(fig, out, "kl_spectrum.png"))
+    # long horizon: return and KL over training at each budget (the table gives only the end points)
+    budgets = [b for b in (1, 3, 6) if any(_long_runs(runs, m, b) for m in ("ppo", "rgpo"))]
+    if any(_long_runs(runs, m, b) for m in ("ppo", "rgpo") for b in (3, 6)):
+        fig, axes = plt.subplots(2, len(budgets), figsize=(4.2 * len(budgets), 6.0), squeeze=False)
+        for j, b in enumerate(budgets):
+            for m in ("ppo", "rgpo"):
+                rs = _long_runs(runs, m, b)
+                if not rs:
+                    continue
+                n = min(len(r.metrics) for r in rs)
+                x = rs[0].metrics["global_step"].to_numpy()[:n]
+                for i, key in enumerate(("return_last100", "kl")):
+                    y = np.stack([r.metrics[key].to_numpy()[:n] for r in rs])
+                    mu = np.nanmean(y, 0)
+                    sd = np.nanstd(y, 0, ddof=1) if len(rs) > 1 else np.zeros(n)
+                    axes[i, j].plot(x, mu, lw=1, label=f"{m} (n={len(rs)})")
+                    axes[i, j].fill_between(
+                        x, mu - sd if i == 0 else np.maximum(mu - sd, mu * 0.1), mu + sd, alpha=0.2
+                    )
+            axes[0, j].set_title(f"HalfCheetah-v4, {b}M steps", fontsize=9)
+            axes[1, j].axhline(SPIKE_KL, color="k", ls=":", lw=0.8, label="2 x target")
+            axes[1, j].set_yscale("log")
+            axes[1, j].set_xlabel("environment steps")
+        axes[0, 0].set_ylabel("return (last 100 episodes)")
+        axes[1, 0].set_ylabel("KL to pi_old (log)")
+        axes[0, 0].legend(fontsize=7)
+        axes[1, 0].legend(fontsize=7)
+        written.append(_save(fig, out, "curves_long.png"))
     # g(r) and w(r) of the three gates
     r = torch.linspace(0.01, 3.0, 600, dtype=torch.float64)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))

@@ -165,3 +165,28 @@ def test_ppo_kl_table_rows(results):
     assert "| HalfCheetah-v4 | ppo | default | 1 | 100 | 0.0475 | 0.1000 | 50% | 0.0713 | 75% |" in lines
     assert "| HalfCheetah-v4 | ppo | all_off | 0 | not run | | | | | |" in lines
     assert "| Walker2d-v4 | ppo | default | 0 | not run | | | | | |" in lines
+
+
+def test_long_horizon_table_welch_and_figure(tmp_path):
+    """The long-horizon table: 1M from `main`'s HalfCheetah runs, 3M / 6M from the `long` suite by budget, an
+    unfinished run left out; the one-tailed Welch test against scipy; the curves figure written."""
+    root = str(tmp_path / "r")
+    for seed, (p1, r1, p3, r3) in enumerate(
+        [(1000, 900, 800, 1500), (1200, 950, 700, 1700), (1100, 1000, 900, 1300)]
+    ):
+        write_run(root, "main", "HalfCheetah-v4", "ppo", seed, p1, [0.05] * 30)
+        write_run(root, "main", "HalfCheetah-v4", "rgpo", seed, r1, [0.02] * 30)
+        write_run(root, "long", "HalfCheetah-v4", "ppo", seed, p3, [0.2] * 40, steps=3_000_000)
+        write_run(root, "long", "HalfCheetah-v4", "rgpo", seed, r3, [0.02] * 40, steps=3_000_000)
+    write_run(root, "long", "HalfCheetah-v4", "rgpo", 0, 5000, [0.02] * 10, steps=6_000_000, finished=False)
+    write_run(root, "main", "Hopper-v4", "ppo", 0, 3000, [0.02] * 30)  # another env: not in the table
+    rows = report.long_table(report.load_runs(root))
+    assert rows[0] == {"method": "ppo", "1M": [1000, 1200, 1100], "3M": [800, 700, 900], "6M": []}
+    assert sorted(rows[1]["3M"]) == [1300, 1500, 1700] and rows[1]["6M"] == []
+    md = report.long_md(rows)
+    ref = stats.ttest_ind([1500, 1700, 1300], [800, 700, 900], equal_var=False, alternative="greater")
+    assert f"3M: t = {ref.statistic:.2f}" in md and f"p = {ref.pvalue:.3f}" in md
+    assert "| rgpo | 950 ± 50 (n=3)" in md and "| not run /" in md
+    out = str(tmp_path / "report")
+    report.build_report(root, out, n_boot=50)
+    assert os.path.getsize(os.path.join(out, "curves_long.png")) > 0
