@@ -190,9 +190,8 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
 
     from compiled_update import CompiledAdamStep
 
-    twin = copy.deepcopy(
-        shadow
-    )  # the scripts' --compile step (in-place Adam, gradient statistics), same start
+    # the scripts' --compile step (in-place Adam, gradient statistics) from the same start
+    twin = copy.deepcopy(shadow)
     twin_opt = torch.optim.Adam(twin.parameters(), lr=3e-4, eps=1e-5)
     script_step = CompiledAdamStep(twin, twin_opt, lambda agent, idx: (loss_fn(agent, idx), ()),
                                    list(twin.parameters()), 0.5, twin.policy_parameters())  # fmt: skip
