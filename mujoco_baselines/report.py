@@ -446,6 +446,19 @@ def status_md(runs) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- figures
+def _plot_mean_band(ax, rs, key, label, log):
+    """Mean ± sample std of metric `key` over the runs `rs` (cut to the shortest), against environment steps; on
+    a log axis the band's floor is a tenth of the mean."""
+    if not rs:
+        return
+    n = min(len(r.metrics) for r in rs)
+    x = rs[0].metrics["global_step"].to_numpy()[:n]
+    y = np.stack([r.metrics[key].to_numpy()[:n] for r in rs])
+    mu, sd = np.nanmean(y, 0), np.nanstd(y, 0, ddof=1) if len(rs) > 1 else np.zeros(n)
+    ax.plot(x, mu, label=f"{label} (n={len(rs)})", lw=1)
+    ax.fill_between(x, mu - sd if not log else np.maximum(mu - sd, mu * 0.1), mu + sd, alpha=0.2)
+
+
 def figures(runs, out):
     import matplotlib
 
@@ -477,17 +490,7 @@ def figures(runs, out):
             for j, env in enumerate(ENVS):
                 ax = axes[0, j]
                 for m in METHODS:
-                    rs = [r for r in main if r.env == env and r.method == m]
-                    if not rs:
-                        continue
-                    n = min(len(r.metrics) for r in rs)
-                    x = rs[0].metrics["global_step"].to_numpy()[:n]
-                    y = np.stack([r.metrics[key].to_numpy()[:n] for r in rs])
-                    mu, sd = np.nanmean(y, 0), np.nanstd(y, 0, ddof=1) if len(rs) > 1 else np.zeros(n)
-                    ax.plot(x, mu, label=f"{m} (n={len(rs)})", lw=1)
-                    ax.fill_between(
-                        x, mu - sd if not log else np.maximum(mu - sd, mu * 0.1), mu + sd, alpha=0.2
-                    )
+                    _plot_mean_band(ax, [r for r in main if r.env == env and r.method == m], key, m, log)
                 if key == "kl":
                     ax.axhline(SPIKE_KL, color="k", ls=":", lw=0.8, label="2 x target")
                 if log:
@@ -510,24 +513,14 @@ def figures(runs, out):
         ax.legend(ncol=4, fontsize=8)
         written.append(_save(fig, out, "kl_spectrum.png"))
     # long horizon: return and KL over training at each budget (the table gives only the end points)
-    budgets = [b for b in (1, 3, 6) if any(_long_runs(runs, m, b) for m in ("ppo", "rgpo"))]
-    if any(_long_runs(runs, m, b) for m in ("ppo", "rgpo") for b in (3, 6)):
+    long_runs = {b: {m: _long_runs(runs, m, b) for m in ("ppo", "rgpo")} for b in (1, 3, 6)}
+    budgets = [b for b, by_method in long_runs.items() if any(by_method.values())]
+    if any(b > 1 for b in budgets):
         fig, axes = plt.subplots(2, len(budgets), figsize=(4.2 * len(budgets), 6.0), squeeze=False)
         for j, b in enumerate(budgets):
-            for m in ("ppo", "rgpo"):
-                rs = _long_runs(runs, m, b)
-                if not rs:
-                    continue
-                n = min(len(r.metrics) for r in rs)
-                x = rs[0].metrics["global_step"].to_numpy()[:n]
-                for i, key in enumerate(("return_last100", "kl")):
-                    y = np.stack([r.metrics[key].to_numpy()[:n] for r in rs])
-                    mu = np.nanmean(y, 0)
-                    sd = np.nanstd(y, 0, ddof=1) if len(rs) > 1 else np.zeros(n)
-                    axes[i, j].plot(x, mu, lw=1, label=f"{m} (n={len(rs)})")
-                    axes[i, j].fill_between(
-                        x, mu - sd if i == 0 else np.maximum(mu - sd, mu * 0.1), mu + sd, alpha=0.2
-                    )
+            for m, rs in long_runs[b].items():
+                _plot_mean_band(axes[0, j], rs, "return_last100", m, log=False)
+                _plot_mean_band(axes[1, j], rs, "kl", m, log=True)
             axes[0, j].set_title(f"HalfCheetah-v4, {b}M steps", fontsize=9)
             axes[1, j].axhline(SPIKE_KL, color="k", ls=":", lw=0.8, label="2 x target")
             axes[1, j].set_yscale("log")
