@@ -593,9 +593,8 @@ def main(args: Args) -> dict:
             epochs_run = 0
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(T)
-                for start in range(0, T, mb):
-                    idx = perm[start : start + mb]
-                    batch = (
+                batches = [
+                    (
                         obs[idx],
                         actions[idx],
                         b_advantages[idx],
@@ -603,9 +602,13 @@ def main(args: Args) -> dict:
                         b_returns[idx],
                         b_values[idx],
                     )
+                    for idx in perm.split(mb)
+                ]
+                fast = None if compiled_step is None else compiled_step.run(batches)  # lazy, 4 steps per call
+                for j, batch in enumerate(batches):
                     if compiled_step is None:  # the eager step
                         loss, (newlogprob, pg_loss, v_loss, mb_stats) = loss_fn(agent, *batch)
-                        check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)
+                        check_finite(loss, pg_loss, v_loss, iteration, epoch, j)
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         # gradient variance: policy-parameter gradients before clipping (see README)
@@ -615,9 +618,9 @@ def main(args: Args) -> dict:
                         if args.max_grad_norm > 0:
                             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                         optimizer.step()
-                    else:  # --compile: the same step as one compiled function; g_sum is accumulated inside
-                        loss, (newlogprob, pg_loss, v_loss, mb_stats), g_sq = compiled_step(*batch)
-                        check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)  # the run stops
+                    else:  # --compile: the same step, made by the compiled function; g_sum is accumulated inside
+                        loss, (newlogprob, pg_loss, v_loss, mb_stats), g_sq = next(fast)
+                        check_finite(loss, pg_loss, v_loss, iteration, epoch, j)  # the run stops
                         g_sqsum += float(g_sq)
                     stats.append(mb_stats)
                     losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))

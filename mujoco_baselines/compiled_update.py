@@ -15,7 +15,7 @@ compile_equiv, read by benchmarks/compile_equivalence.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -44,7 +44,8 @@ class CompiledAdamStep:
     with `optimizer` a single-group `torch.optim.Adam` over `params` (no weight decay, amsgrad or maximize).
     `loss_fn` returns `(loss, aux)`; `aux` (a tensor or tuple of tensors) comes back detached. Numbers that
     change between calls (learning rate, KL coefficient) must reach `loss_fn` as tensors in `batch`, never as
-    Python floats, or every new value recompiles.
+    Python floats, or every new value recompiles. `run(batches)` makes consecutive steps, several per compiled
+    call.
     """
 
     def __init__(
@@ -56,7 +57,10 @@ class CompiledAdamStep:
         max_grad_norm: float,
         stat_params: Sequence[nn.Parameter] = (),
         compile: bool = True,
+        steps_per_call: int = 4,
     ):
+        if steps_per_call < 1:
+            raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
         (group,) = optimizer.param_groups
         if group["weight_decay"] or group["amsgrad"] or group["maximize"]:
             raise ValueError("CompiledAdamStep implements plain Adam (no weight_decay, amsgrad or maximize)")
@@ -70,7 +74,8 @@ class CompiledAdamStep:
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.g_sum = torch.zeros(sum(p.numel() for p in stat_params))
-        self._step = torch.compile(self._pure_step, fullgraph=True) if compile else self._pure_step
+        self.steps_per_call = steps_per_call
+        self._steps = torch.compile(self._pure_steps, fullgraph=True) if compile else self._pure_steps
 
     def _state(self, p: nn.Parameter) -> dict:
         """The optimiser's own state for `p`, created as torch.optim.Adam creates it on its first step."""
@@ -82,25 +87,43 @@ class CompiledAdamStep:
         return state
 
     def __call__(self, *batch):
+        """One update on `batch`."""
+        return self._call([batch])[0]
+
+    def run(self, batches: Sequence[tuple]) -> Iterator[tuple]:
+        """`(loss, aux, grad_sq)` of each batch in turn: the same updates as calling the step on each, made
+        `steps_per_call` per compiled call. A call's fixed cost (dynamo's guards, inductor's Python wrapper, the
+        bookkeeping here) is then paid once for 4 steps: an epoch's steps 1.15-1.2x faster at width 256
+        (benchmarks/results/mujoco_profile.md), bit for bit the same updates. Lazy: a consumer that stops at a
+        non-finite loss leaves the later batches untouched."""
+        for i in range(0, len(batches), self.steps_per_call):
+            yield from self._call(batches[i : i + self.steps_per_call])
+
+    def _call(self, batches: Sequence[tuple]) -> list[tuple]:
         states = [self._state(p) for p in self.params]
         (group,) = self.optimizer.param_groups
         # torch.optim.Adam computes the bias corrections in Python floats (double) from the step count
         beta1, beta2 = group["betas"]
-        k = float(states[0]["step"]) + 1.0
-        step_size = torch.tensor(group["lr"] / (1.0 - beta1**k))
-        bc2_sqrt = torch.tensor((1.0 - beta2**k) ** 0.5)
+        done = float(states[0]["step"])
+        ks = [done + j for j in range(1, len(batches) + 1)]
         with torch.no_grad():
-            return self._step(
+            return self._steps(
                 [p.detach() for p in self.params],
                 [s["exp_avg"] for s in states],
                 [s["exp_avg_sq"] for s in states],
                 [s["step"] for s in states],
-                step_size,
-                bc2_sqrt,
+                [torch.tensor(group["lr"] / (1.0 - beta1**k)) for k in ks],  # step sizes
+                [torch.tensor((1.0 - beta2**k) ** 0.5) for k in ks],  # sqrt of the second bias correction
                 self.g_sum,
                 (beta1, beta2, group["eps"]),
-                *batch,
+                batches,
             )
+
+    def _pure_steps(self, params, exp_avgs, exp_avg_sqs, steps, step_sizes, bc2_sqrts, g_sum, hyper, batches):
+        return [
+            self._pure_step(params, exp_avgs, exp_avg_sqs, steps, step_size, bc2_sqrt, g_sum, hyper, *batch)
+            for step_size, bc2_sqrt, batch in zip(step_sizes, bc2_sqrts, batches, strict=True)
+        ]
 
     def _pure_step(self, params, exp_avgs, exp_avg_sqs, steps, step_size, bc2_sqrt, g_sum, hyper, *batch):
         def loss_of(p):

@@ -623,9 +623,9 @@ def main(args: Args) -> dict:
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(T)
                 epoch_logprobs, epoch_idx = [], []  # for the stats, reduced once per epoch
-                for start in range(0, T, mb):
-                    idx = perm[start : start + mb]
-                    batch = (
+                idxs = perm.split(mb)
+                batches = [
+                    (
                         obs[idx],
                         actions[idx],
                         b_advantages[idx],
@@ -634,9 +634,13 @@ def main(args: Args) -> dict:
                         b_values[idx],
                         beta,
                     )
+                    for idx in idxs
+                ]
+                fast = None if compiled_step is None else compiled_step.run(batches)  # lazy, 4 steps per call
+                for j, (idx, batch) in enumerate(zip(idxs, batches, strict=True)):
                     if compiled_step is None:  # the eager step
                         loss, (newlogprob, pg_loss, v_loss) = loss_fn(agent, *batch)
-                        check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)
+                        check_finite(loss, pg_loss, v_loss, iteration, epoch, j)
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         # gradient variance: policy-parameter gradients before clipping (see README)
@@ -646,9 +650,9 @@ def main(args: Args) -> dict:
                         if args.max_grad_norm > 0:
                             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                         optimizer.step()
-                    else:  # --compile: the same step as one compiled function; g_sum is accumulated inside
-                        loss, (newlogprob, pg_loss, v_loss), g_sq = compiled_step(*batch)
-                        check_finite(loss, pg_loss, v_loss, iteration, epoch, start // mb)  # the run stops
+                    else:  # --compile: the same step, made by the compiled function; g_sum is accumulated inside
+                        loss, (newlogprob, pg_loss, v_loss), g_sq = next(fast)
+                        check_finite(loss, pg_loss, v_loss, iteration, epoch, j)  # the run stops
                         g_sqsum += float(g_sq)
                     epoch_logprobs.append(newlogprob.detach())
                     epoch_idx.append(idx)

@@ -149,6 +149,93 @@ def test_compiled_step_matches_eager_step_to_float_tolerance(method):
     assert float(fresh.state_dict()["state"][0]["step"]) == 20
 
 
+def _run_in_calls(method, compile, n_batches, steps_per_call):
+    """`n_batches` eager torch steps, and the same batches through `CompiledAdamStep.run` on a twin agent."""
+    module, args, agent, d = _setup(method)
+    twin = copy.deepcopy(agent)
+    extra = {"gate": module.rgpo_trl.make_gate("sigmoid")} if method == "rgpo" else {}
+
+    def loss_fn(a, *batch):
+        return module.minibatch_loss(a, *batch, args=args, **extra)
+
+    opt_eager = torch.optim.Adam(agent.parameters(), lr=3e-4, eps=1e-5)
+    opt_fast = torch.optim.Adam(twin.parameters(), lr=3e-4, eps=1e-5)
+    fast = CompiledAdamStep(
+        twin,
+        opt_fast,
+        loss_fn,
+        list(twin.parameters()),
+        0.5,
+        twin.policy_parameters(),
+        compile,
+        steps_per_call,
+    )
+    gen = torch.Generator().manual_seed(1)
+    keys = ("obs", "actions", "adv", "logprobs", "returns", "values")
+    batches = [tuple(d[k][torch.randperm(512, generator=gen)[:64]] for k in keys) for _ in range(n_batches)]
+    g_sum, eager = torch.zeros_like(fast.g_sum), []
+    beta = (
+        (0.5,) if method == "rgpo" else ()
+    )  # RGPO's KL coefficient: a float eagerly, a tensor when compiled
+    for batch in batches:
+        loss, _ = loss_fn(agent, *batch, *beta)
+        g_sq = _eager_step(
+            agent, opt_eager, loss, list(agent.parameters()), agent.policy_parameters(), 0.5, g_sum
+        )
+        eager.append((loss.detach(), g_sq))
+    fast_out = [(loss, g_sq) for loss, _, g_sq in fast.run([(*b, *map(torch.tensor, beta)) for b in batches])]
+    return eager, fast_out, (agent, opt_eager), (twin, opt_fast), (g_sum, fast.g_sum)
+
+
+@pytest.mark.parametrize("method", ["ppo", "awr"])
+def test_run_makes_torchs_steps_in_calls_of_several(method):
+    """`run` over 7 batches, 3 steps per call (calls of 3, 3 and 1): without compilation each step is torch's eager
+    step bit for bit, so the Adam step counts and bias corrections carry across calls."""
+    eager, fast, (agent, opt), (twin, opt_f), g_sums = _run_in_calls(method, False, 7, steps_per_call=3)
+    for (loss, g_sq), (loss_f, g_sq_f) in zip(eager, fast, strict=True):
+        _assert_close(loss, loss_f, exact=True)
+        _assert_close(g_sq, g_sq_f, exact=True)
+    for p, q in zip(agent.parameters(), twin.parameters(), strict=True):
+        _assert_close(p.detach(), q.detach(), exact=True)
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            _assert_close(opt.state[p][key], opt_f.state[q][key], exact=True)
+    _assert_close(*g_sums, exact=True)
+
+
+def test_run_is_lazy_and_steps_per_call_is_checked():
+    """A consumer that stops after the first step leaves the batches after that call's steps untouched."""
+    _, args, agent, d = _setup()
+    opt = torch.optim.Adam(agent.critic.parameters(), lr=3e-4)
+    module = load("trpo")
+
+    def loss_fn(a, o, ret, val):
+        return module.value_minibatch_loss(a, o, ret, val, args)
+
+    step = CompiledAdamStep(agent, opt, loss_fn, list(agent.critic.parameters()), 0.5, compile=False)
+    batches = [
+        (d["obs"][i : i + 64], d["returns"][i : i + 64], d["values"][i : i + 64]) for i in range(0, 512, 64)
+    ]
+    next(step.run(batches))
+    assert float(opt.state[next(agent.critic.parameters())]["step"]) == 4  # one call of 4 steps, not 8
+    with pytest.raises(ValueError, match="steps_per_call must be >= 1, got 0"):
+        CompiledAdamStep(
+            agent, opt, loss_fn, list(agent.critic.parameters()), 0.5, compile=False, steps_per_call=0
+        )
+
+
+@needs_compiler
+def test_compiled_run_in_calls_of_several_matches_eager_steps():
+    """Compiled, 4 steps per call (calls of 4 and 2): the 6 steps agree with torch's eager ones to float32
+    tolerance, as one step per call does."""
+    eager, fast, (agent, _), (twin, _), g_sums = _run_in_calls("rgpo", True, 6, steps_per_call=4)
+    for (loss, g_sq), (loss_f, g_sq_f) in zip(eager, fast, strict=True):
+        torch.testing.assert_close(loss_f, loss, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(g_sq_f, g_sq, rtol=1e-3, atol=1e-6)
+    for p, q in zip(agent.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(q.detach(), p.detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(g_sums[1], g_sums[0], rtol=1e-4, atol=1e-6)
+
+
 def test_compiled_step_refuses_an_optimiser_it_does_not_implement():
     _, _, agent, _ = _setup()
     opt = torch.optim.Adam(agent.parameters(), lr=3e-4, weight_decay=0.01)
