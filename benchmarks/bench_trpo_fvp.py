@@ -11,9 +11,7 @@ rounds in one process (median of the per-round time ratios to `rebuild`):
 - `retained`: the script's `fisher_vector_product` (the KL gradient's graph built once, one backward per product;
   the default path);
 - `closed_form`: the script's `gauss_newton_fvp` (J v and J^T u by hand through the activations at pi_old;
-  --compile's path, other float rounding), every product written into buffers allocated once;
-- `closed_form_fresh`: the same products with fresh tensors per product (the script's `gauss_newton_fvp`
-  before, kept here as `fresh_gauss_newton_fvp`).
+  --compile's path, other float rounding).
 
 The step directions are compared with `rebuild`'s in every round (bit for bit, and the largest relative
 difference of the step direction). The script's whole `trpo_step` (gradient, CG, line search) is timed in the
@@ -32,37 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
-VARIANTS = ["rebuild", "rebuild2", "retained", "closed_form", "closed_form_fresh"]
-
-
-def fresh_gauss_newton_fvp(agent, obs, damping):
-    """trpo_continuous_action.gauss_newton_fvp as it was before its buffers: new tensors in every product."""
-    import torch
-    from trpo_continuous_action import flat
-
-    l0, _, l1, _, l2 = agent.actor_mean
-    params = agent.policy_parameters()
-    w1, w2 = l1.weight.detach(), l2.weight.detach()
-    with torch.no_grad():
-        h1 = torch.tanh(l0(obs))
-        h2 = torch.tanh(l1(h1))
-        dtanh1, dtanh2 = 1 - h1 * h1, 1 - h2 * h2
-        precision = torch.exp(-2 * agent.actor_logstd) / obs.shape[0]
-
-    def fvp(v):
-        dw0, db0, dw1, db1, dw2, db2, dlogstd = (
-            t.view_as(p) for t, p in zip(v.split([p.numel() for p in params]), params, strict=True)
-        )
-        dh1 = dtanh1 * torch.addmm(db0, obs, dw0.T)
-        dh2 = dtanh2 * torch.addmm(db1, h1, dw1.T).addmm_(dh1, w1.T)
-        u = torch.addmm(db2, h2, dw2.T).addmm_(dh2, w2.T) * precision
-        g2 = (u @ w2) * dtanh2
-        g1 = (g2 @ w1) * dtanh1
-        return (
-            flat([g1.T @ obs, g1.sum(0), g2.T @ h1, g2.sum(0), u.T @ h2, u.sum(0), 2 * dlogstd]) + damping * v
-        )
-
-    return fvp
+VARIANTS = ["rebuild", "rebuild2", "retained", "closed_form"]
 
 
 def measure(width: int, rounds: int, n: int = 2048) -> dict:
@@ -93,10 +61,8 @@ def measure(width: int, rounds: int, n: int = 2048) -> dict:
             fvp = rebuilt
         elif variant == "retained":
             fvp = script.fisher_vector_product(kl_fn(), params, args.cg_damping)
-        elif variant == "closed_form":
-            fvp = script.gauss_newton_fvp(agent, obs, args.cg_damping)
         else:
-            fvp = fresh_gauss_newton_fvp(agent, obs, args.cg_damping)
+            fvp = script.gauss_newton_fvp(agent, obs, args.cg_damping)
         step_dir = script.conjugate_gradient(fvp, -grad, args.cg_iters)
         return step_dir, step_dir.dot(fvp(step_dir))
 
@@ -135,9 +101,6 @@ def measure(width: int, rounds: int, n: int = 2048) -> dict:
                 "speedup_vs_retained": statistics.median(
                     a / b for a, b in zip(times["retained"], times[v], strict=True)
                 ),
-                "speedup_vs_closed_form_fresh": statistics.median(
-                    a / b for a, b in zip(times["closed_form_fresh"], times[v], strict=True)
-                ),
                 "bit_identical": identical[v],
                 "max_rel_diff": max_rel[v],
             }
@@ -173,18 +136,17 @@ def main() -> None:
         f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} (read the interleaved ratios; absolute "
         f"times depend on the load). 2048 states, Hopper-v4 shapes, 10 CG iterations + the step-size product; "
         f"{a.rounds} rounds; speed-up = median of per-round time ratios. `retained` is the default path, "
-        "`closed_form` --compile's (`closed_form_fresh`: the same without its buffers); relative difference = largest ||d - d_rebuild|| / ||d_rebuild|| of the step "
+        "`closed_form` --compile's; relative difference = largest ||d - d_rebuild|| / ||d_rebuild|| of the step "
         "direction d over the rounds.",
         "",
-        "| width | variant | CG ms | speed-up vs rebuild | speed-up vs retained | speed-up vs closed_form_fresh "
-        "| step bit-identical to rebuild | relative difference |",
-        "|---|---|---|---|---|---|---|---|",
+        "| width | variant | CG ms | speed-up vs rebuild | speed-up vs retained | step bit-identical to rebuild "
+        "| relative difference |",
+        "|---|---|---|---|---|---|---|",
     ]
     for w, r in results.items():
         for v, x in r["variants"].items():
             lines.append(
                 f"| {w} | {v} | {x['ms']:.0f} | {x['speedup']:.2f}x | {x['speedup_vs_retained']:.2f}x | "
-                f"{x['speedup_vs_closed_form_fresh']:.2f}x | "
                 f"{x['bit_identical']} | {x['max_rel_diff']:.1e} |"
             )
     lines += ["", "Whole `trpo_step` (gradient, CG, line search), ms: "
