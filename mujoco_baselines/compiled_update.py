@@ -9,7 +9,7 @@ in the agent's parameters and in the `torch.optim.Adam` object's state, so rollo
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
 step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
 Speed: benchmarks/results/mujoco_compile.md (the update halves at width 256; with the scripts' --compile rollout,
-1.84-2.09x end to end at width 256 in the latest run); learning outcomes over seeds: the grid suite
+1.87-1.92x end to end at width 256 and 2.17-2.47x at width 64 in the latest run); learning outcomes over seeds: the grid suite
 compile_equiv, read by benchmarks/compile_equivalence.py.
 """
 
@@ -91,11 +91,12 @@ class CompiledAdamStep:
         return self._call([batch])[0]
 
     def run(self, batches: Sequence[tuple]) -> Iterator[tuple]:
-        """`(loss, aux, grad_sq)` of each batch in turn: the same updates as calling the step on each, made
-        `steps_per_call` per compiled call. A call's fixed cost (dynamo's guards, inductor's Python wrapper, the
-        bookkeeping here) is then paid once for 4 steps: an epoch's steps 1.15-1.2x faster at width 256
-        (benchmarks/results/mujoco_profile.md), bit for bit the same updates. Lazy: a consumer that stops at a
-        non-finite loss leaves the later batches untouched."""
+        """`(loss, aux, grad_sq)` of each batch in turn: the same updates as calling the step on each (bit for bit
+        with torch 2.13), made `steps_per_call` per compiled call, so a call's fixed cost (dynamo's guards,
+        inductor's Python wrapper, the bookkeeping here) is paid once per 4 steps: an epoch 1.04x faster for PPO's
+        step and 1.16x for TRPO's value step at width 256, 1.42x / 1.56x at width 64, for a cold compile about 2x
+        as long (benchmarks/results/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite loss stops
+        the updates after that call's steps."""
         for i in range(0, len(batches), self.steps_per_call):
             yield from self._call(batches[i : i + self.steps_per_call])
 
