@@ -9,8 +9,8 @@ in the agent's parameters and in the `torch.optim.Adam` object's state, so rollo
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
 step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
 Speed: benchmarks/results/mujoco_compile.md (the update halves at width 256; with the scripts' --compile rollout,
-1.87-1.92x end to end at width 256 and 2.17-2.47x at width 64 in the latest run); learning outcomes over seeds: the grid suite
-compile_equiv, read by benchmarks/compile_equivalence.py.
+1.87-1.92x end to end at width 256 and 2.17-2.47x at width 64 in the latest run); learning outcomes over seeds:
+the grid suite compile_equiv, read by benchmarks/compile_equivalence.py.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class CompiledAdamStep:
         with torch 2.13), made `steps_per_call` per compiled call, so a call's fixed cost (dynamo's guards,
         inductor's Python wrapper, the bookkeeping here) is paid once per 4 steps: an epoch 1.04x faster for PPO's
         step and 1.16x for TRPO's value step at width 256, 1.42x / 1.56x at width 64, for a cold compile about 2x
-        as long (benchmarks/results/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite loss stops
-        the updates after that call's steps."""
+        as long (benchmarks/results/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite
+        loss stops the updates after that call's steps."""
         for i in range(0, len(batches), self.steps_per_call):
             yield from self._call(batches[i : i + self.steps_per_call])
 
