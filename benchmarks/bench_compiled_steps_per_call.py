@@ -15,26 +15,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
-import json
-import os
-import platform
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
+from bench_common import load_script, run_info, write_outputs
+
 STEPS_PER_CALL = [1, 2, 4, 8]
-
-
-def load(method: str):
-    name = f"{method}_continuous_action"
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def measure(step: str, width: int, rounds: int, T: int = 2048, mb: int = 64) -> dict:
@@ -45,7 +31,7 @@ def measure(step: str, width: int, rounds: int, T: int = 2048, mb: int = 64) -> 
     # dynamo counts the graphs of _pure_steps over all CompiledAdamStep objects of a process (a script has one)
     torch._dynamo.config.recompile_limit = 64
     torch.manual_seed(0)
-    module = load("trpo" if step == "trpo_value" else "ppo")
+    module = load_script("trpo" if step == "trpo_value" else "ppo")
     args = module.Args(hidden_size=width)
     agent = module.Agent(11, 3, args)
     obs, actions, adv, returns = torch.randn(T, 11), torch.randn(T, 3), torch.randn(T), torch.randn(T)
@@ -119,19 +105,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--out", default="benchmarks/results/compiled_steps_per_call")
     a = p.parse_args()
-    import torch
-
     results = {f"{s} w{w}": measure(s, w, a.rounds) for s in ("ppo", "trpo_value") for w in a.widths}
-    info = {
-        "command": "python benchmarks/bench_compiled_steps_per_call.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-        f"torch {torch.__version__}",
-        "load_average_at_end": os.getloadavg(),
-        "rounds": a.rounds,
-        "results": results,
-    }
-    with open(a.out + ".json", "w") as f:
-        json.dump(info, f, indent=2)
+    info = run_info("bench_compiled_steps_per_call.py", with_torch=True, rounds=a.rounds, results=results)
     lines = [
         "# `--compile`: mini-batch steps per compiled call",
         "",
@@ -151,10 +126,7 @@ def main() -> None:
                 f"| {name} | {k} | {x['ms_per_step']:.3f} | {x['speedup']:.2f}x | {x['compile_s']:.1f} | "
                 f"{x['bit_identical_to_1']} |"
             )
-    text = "\n".join(lines) + "\n"
-    with open(a.out + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    write_outputs(a.out, info, lines)
 
 
 if __name__ == "__main__":

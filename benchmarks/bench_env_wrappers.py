@@ -18,7 +18,6 @@ Reported: steps per second of each (median over rounds) and the ratios to ``raw`
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -28,20 +27,7 @@ import time
 
 import gymnasium as gym
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(
-    0, os.path.join(ROOT, "mujoco_baselines")
-)  # the scripts import their sibling compiled_update.py
-
-
-def load_script_env():
-    name = "ppo_continuous_action"
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from bench_common import ROOT, load_script
 
 
 def cleanrl_env(env_id: str, gamma: float = 0.99):
@@ -95,7 +81,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "env_wrappers"))
     args = p.parse_args()
-    module = load_script_env()
+    module = load_script("ppo")
     results = {}
     for env_id in args.envs:
         act_space = gym.make(env_id).action_space

@@ -20,15 +20,11 @@ flagged (the two `lean_*` paths are the same float operations in the same order;
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
+from bench_common import run_info, write_outputs
+
 VARIANTS = ["base", "base2", "lean_modules", "lean_no_modules", "numpy_mean"]
 
 
@@ -120,16 +116,9 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/mujoco_rollout")
     a = p.parse_args()
     results = {e: measure(e, a.width, a.rounds) for e in a.envs}
-    info = {
-        "command": "python benchmarks/bench_mujoco_rollout.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
-        "load_average_at_end": os.getloadavg(),
-        "width": a.width,
-        "rounds": a.rounds,
-        "results": results,
-    }
-    with open(a.out + ".json", "w") as f:
-        json.dump(info, f, indent=2)
+    info = run_info(
+        "bench_mujoco_rollout.py", with_torch=False, width=a.width, rounds=a.rounds, results=results
+    )
     lines = [
         "# Rollout step: the script's path vs lighter paths",
         "",
@@ -148,10 +137,7 @@ def main() -> None:
                 f"| {env_id} | {v} | {x['us_per_step']:.0f} | {x['speedup']:.3f}x | {x['speedup_vs_eager']:.3f}x | "
                 f"{x['bit_identical']} |"
             )
-    text = "\n".join(lines) + "\n"
-    with open(a.out + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    write_outputs(a.out, info, lines)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,11 @@ same rotation with either product, for scale.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
+from bench_common import run_info, write_outputs
+
 VARIANTS = ["rebuild", "rebuild2", "retained", "closed_form"]
 
 
@@ -115,19 +111,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--out", default="benchmarks/results/trpo_fvp")
     a = p.parse_args()
-    import torch
-
     results = {w: measure(w, a.rounds) for w in a.widths}
-    info = {
-        "command": "python benchmarks/bench_trpo_fvp.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-        f"torch {torch.__version__}",
-        "load_average_at_end": os.getloadavg(),
-        "rounds": a.rounds,
-        "results": results,
-    }
-    with open(a.out + ".json", "w") as f:
-        json.dump(info, f, indent=2)
+    info = run_info("bench_trpo_fvp.py", with_torch=True, rounds=a.rounds, results=results)
     lines = [
         "# TRPO: Fisher-vector products with the KL graph rebuilt per product, built once, or in closed form",
         "",
@@ -152,10 +137,7 @@ def main() -> None:
     lines += ["", "Whole `trpo_step` (gradient, CG, line search), ms: "
               + "; ".join(f"width {w}: {r['trpo_step_ms']:.0f} with `retained`, "
                           f"{r['trpo_step_closed_form_ms']:.0f} with `closed_form`" for w, r in results.items())]  # fmt: skip
-    text = "\n".join(lines) + "\n"
-    with open(a.out + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    write_outputs(a.out, info, lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""What the MuJoCo benchmarks share: a script loaded as a module, and a result written as JSON and Markdown
+with the command, machine and load average that produced it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import sys
+from types import ModuleType
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(
+    0, os.path.join(ROOT, "mujoco_baselines")
+)  # the scripts import their sibling compiled_update.py
+
+
+def load_script(method: str) -> ModuleType:
+    """mujoco_baselines/{method}_continuous_action.py as a module (registered, so dataclasses and pickling work)."""
+    name = f"{method}_continuous_action"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_info(script: str, with_torch: bool, **fields) -> dict:
+    """The command that ran `script` (this process's arguments), the machine (and torch's version), the load
+    average now (call it after measuring), then `fields`."""
+    machine = f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
+    if with_torch:
+        import torch
+
+        machine += f", torch {torch.__version__}"
+    return {
+        "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+        "machine": machine,
+        "load_average_at_end": os.getloadavg(),
+        **fields,
+    }
+
+
+def write_outputs(out: str, info: dict, lines: list[str]) -> None:
+    """`info` to {out}.json, `lines` to {out}.md, and the Markdown to stdout."""
+    with open(out + ".json", "w") as f:
+        json.dump(info, f, indent=2)
+    text = "\n".join(lines) + "\n"
+    with open(out + ".md", "w") as f:
+        f.write(text)
+    print(text)
