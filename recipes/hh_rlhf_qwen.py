@@ -113,6 +113,30 @@ class HHScriptArguments:
             "sample each, written to heldout.json); 0 disables. Single-process runs only."
         },
     )
+    heldout_samples: int = field(
+        default=1,
+        metadata={
+            "help": "Sampled completions per held-out prompt (>= 1): more gives a less noisy estimate."
+        },
+    )
+    validation_prompts: int = field(
+        default=0,
+        metadata={
+            "help": "Hold the last N training-split prompts out of training and evaluate on them during the "
+            "window (validation.jsonl / validation.json): the model-selection set of a tuning suite, so the "
+            "test prompts are never used to choose settings. 0 disables."
+        },
+    )
+    validation_samples: int = field(
+        default=1, metadata={"help": "Sampled completions per validation prompt (>= 1)."}
+    )
+    validation_every: int = field(
+        default=25,
+        metadata={
+            "help": "Evaluate on the validation prompts every N iterations inside the window "
+            "(window_start < iteration <= window_end), the last iteration included."
+        },
+    )
     train_eval_prompts: int | None = field(
         default=None,
         metadata={
@@ -230,29 +254,76 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
         )
     if model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path is required")
+    for name in ("heldout_samples", "validation_samples", "validation_every"):
+        if getattr(script_args, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(script_args, name)}")
+    if script_args.validation_prompts < 0:
+        raise ValueError(
+            f"validation_prompts must be >= 0 (0 disables), got {script_args.validation_prompts}"
+        )
     resolve_tiny_assets(script_args, model_args)
     return script_args, training_args, model_args
 
 
+def evaluate_prompts(
+    model, ref_model, tokenizer, script_args, reward_model, prompts, sampling, samples: int = 1
+):
+    """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on ``prompts``, ``samples`` completions
+    each; gold where the world has one."""
+    from rgpo_trl.rlhf.evaluation import evaluate_policy, repeat_prompts
+
+    gold_fn = None
+    if script_args.preset == "tiny":
+        from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
+    result = evaluate_policy(model, tokenizer, repeat_prompts(prompts, samples), reward_model, ref_model=ref_model,
+                             gold_fn=gold_fn, **sampling)  # fmt: skip
+    result.update(prompts=len(prompts), samples_per_prompt=samples)
+    return result
+
+
 def evaluate_on(
-    model, ref_model, tokenizer, script_args, reward_model, name, split, sampling, n: int
+    model, ref_model, tokenizer, script_args, reward_model, name, split, sampling, n: int, samples: int = 1
 ) -> dict:
-    """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on the first ``n`` prompts of (name,
-    split); gold where the world has one."""
-    from rgpo_trl.rlhf.evaluation import evaluate_policy
+    """`evaluate_prompts` on the first ``n`` prompts of (name, split)."""
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
 
     n = max(n, 1)
     prompts, _ = load_hh_helpful_prompts(name, split, tokenizer, script_args.max_prompt_length,
                                          data_dir=script_args.dataset_data_dir, max_rows=4 * n)  # fmt: skip
     prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
-    gold_fn = None
-    if script_args.preset == "tiny":
-        from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
-    result = evaluate_policy(model, tokenizer, prompts, reward_model, ref_model=ref_model, gold_fn=gold_fn,
-                             **sampling)  # fmt: skip
+    result = evaluate_prompts(
+        model, ref_model, tokenizer, script_args, reward_model, prompts, sampling, samples
+    )
     result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=sampling["seed"])
     return result
+
+
+def validation_callback(script_args, training_args, tokenizer, prompts, reward_model, ref_model_fn, sampling,
+                        steps_per_iteration: int, window: tuple[int, int]):  # fmt: skip
+    """The `WindowEvaluation` on the validation prompts: every ``validation_every`` iterations in the window and
+    at its end; None when ``validation_prompts`` is 0."""
+    from rgpo_trl.rlhf.evaluation import WindowEvaluation
+
+    if script_args.validation_prompts == 0:
+        return None
+    lo, hi = window
+    at = [*range(hi, lo, -script_args.validation_every)][::-1]
+
+    def evaluate(model, prompts, seed):
+        return evaluate_prompts(model, ref_model_fn(), tokenizer, script_args, reward_model, prompts,
+                                {**sampling, "seed": seed}, script_args.validation_samples)  # fmt: skip
+
+    out = training_args.output_dir
+    return WindowEvaluation(os.path.join(out, "validation.jsonl"), os.path.join(out, "validation.json"),
+                            prompts, at, steps_per_iteration, evaluate, seed=1000 * training_args.seed)  # fmt: skip
+
+
+def split_validation(dataset, script_args):
+    """(training prompts, validation prompts as a list): `hold_out_validation` of the training split."""
+    from rgpo_trl.rlhf.hh_data import hold_out_validation
+
+    train, validation = hold_out_validation(dataset, script_args.validation_prompts)
+    return train, list(validation["prompt"])
 
 
 def write_heldout(model, ref_model, tokenizer, script_args, output_dir, reward_model, sampling) -> dict:
@@ -268,6 +339,7 @@ def write_heldout(model, ref_model, tokenizer, script_args, output_dir, reward_m
         script_args.heldout_split,
         sampling,
         script_args.heldout_prompts,
+        script_args.heldout_samples,
     )
     with open(os.path.join(output_dir, "heldout.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -283,7 +355,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     from transformers import AutoModelForCausalLM
     from trl import get_peft_config
 
-    from rgpo_trl.rlhf.hh_data import load_hh_preference_pairs
+    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts, load_hh_preference_pairs
     from rgpo_trl.rlhf.methods import get_rlhf_method
     from rgpo_trl.rlhf.rewards import load_pairwise_reward
 
@@ -292,21 +364,53 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     if state.is_main_process and unused:
         print(f"[rgpo-trl] {script_args.method} does not read these settings: {unused}")
     info: dict = {}
+    if state.num_processes > 1 and script_args.validation_prompts:
+        raise ValueError(
+            "validation_prompts: the validation evaluation runs in single-process runs only; set 0"
+        )
+    reward_model = load_pairwise_reward(script_args.reward_model_name_or_path, batch_size=script_args.reward_batch_size,
+                                        max_length=script_args.reward_max_length)  # fmt: skip
+    sampling = {"max_new_tokens": int(unused.get("max_completion_length", 64)),
+                "temperature": float(unused.get("temperature", 1.0)), "seed": training_args.seed}  # fmt: skip
+    validation_prompts: list = []
+    if script_args.validation_prompts:  # the same validation prompts as the online methods, out of training
+        with state.main_process_first():
+            prompts, _ = load_hh_helpful_prompts(script_args.dataset_name, script_args.dataset_split, tokenizer,
+                                                 script_args.max_prompt_length, data_dir=script_args.dataset_data_dir)  # fmt: skip
+        _, validation_prompts = split_validation(prompts, script_args)
     if method.trainer_class is None:  # the initial policy, evaluated as it is (its own reference: KL_ref = 0)
         model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(state.device)
         ref_model, device = model, state.device
         info.update(optimizer_steps=0)
+        if validation_prompts:  # one evaluation: the policy does not change
+            result = evaluate_prompts(model, ref_model, tokenizer, script_args, reward_model.to(device),
+                                      validation_prompts, sampling, script_args.validation_samples)  # fmt: skip
+            os.makedirs(training_args.output_dir, exist_ok=True)
+            with open(os.path.join(training_args.output_dir, "validation.json"), "w") as f:
+                json.dump({"iterations": [0], "expected_iterations": [0], **result}, f, indent=2)
     else:
         with state.main_process_first():
             pairs, stats = load_hh_preference_pairs(script_args.dataset_name, script_args.dataset_split, tokenizer,
                                                     script_args.max_prompt_length,
                                                     data_dir=script_args.dataset_data_dir)  # fmt: skip
+        if validation_prompts:
+            held = {json.dumps(p, sort_keys=True) for p in validation_prompts}
+            pairs = pairs.filter(lambda r: json.dumps(r["prompt"], sort_keys=True) not in held)
         if script_args.max_train_prompts is not None:
             pairs = pairs.select(range(min(script_args.max_train_prompts, len(pairs))))
         if training_args.max_steps is None or training_args.max_steps <= 0:
             training_args.max_steps = script_args.num_rl_iterations * int(unused.get("num_iterations", 2))
         trainer = method.trainer_class(model=model_args.model_name_or_path, args=training_args, train_dataset=pairs,
                                        processing_class=tokenizer, peft_config=get_peft_config(model_args))  # fmt: skip
+        reward_model.to(trainer.accelerator.device)
+        steps_per_iteration = int(unused.get("num_iterations", 2))
+        n_iters = training_args.max_steps // steps_per_iteration
+        window = (script_args.window_start if script_args.window_start is not None else (3 * n_iters) // 4,
+                  script_args.window_end if script_args.window_end is not None else n_iters)  # fmt: skip
+        validation = validation_callback(script_args, training_args, tokenizer, validation_prompts, reward_model,
+                                         lambda: trainer.ref_model, sampling, steps_per_iteration, window)  # fmt: skip
+        if validation is not None:
+            trainer.add_callback(validation)
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         if script_args.save_final_model:
             trainer.save_model(training_args.output_dir)
@@ -316,10 +420,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     if state.num_processes > 1:
         print(f"[rgpo-trl] the {method.name} evaluation runs in single-process runs only; skipped")
         return {}
-    reward_model = load_pairwise_reward(script_args.reward_model_name_or_path, batch_size=script_args.reward_batch_size,
-                                        max_length=script_args.reward_max_length).to(device)  # fmt: skip
-    sampling = {"max_new_tokens": int(unused.get("max_completion_length", 64)),
-                "temperature": float(unused.get("temperature", 1.0)), "seed": training_args.seed}  # fmt: skip
+    reward_model.to(device)
     n_train = (
         script_args.heldout_prompts
         if script_args.train_eval_prompts is None
@@ -381,6 +482,7 @@ def main(argv: list[str] | None = None) -> dict:
             script_args.max_prompt_length,
             data_dir=script_args.dataset_data_dir,
         )
+    dataset, validation_prompts = split_validation(dataset, script_args)
     if script_args.max_train_prompts is not None:
         dataset = dataset.select(range(min(script_args.max_train_prompts, len(dataset))))
     if state.is_main_process:
@@ -439,6 +541,12 @@ def main(argv: list[str] | None = None) -> dict:
             training_args.output_dir, steps_per_iteration, window, method, state.num_processes
         )
     )
+    sampling = {"max_new_tokens": training_args.max_completion_length, "temperature": training_args.temperature,
+                "seed": training_args.seed}  # fmt: skip
+    validation = validation_callback(script_args, training_args, tokenizer, validation_prompts, reward_model,
+                                     lambda: trainer.ref_model, sampling, steps_per_iteration, window)  # fmt: skip
+    if validation is not None:
+        trainer.add_callback(validation)
     if state.is_main_process:
         print(
             f"[rgpo-trl] {script_args.method} ({script_args.preset} preset): {n_iters} iterations x "
@@ -451,8 +559,6 @@ def main(argv: list[str] | None = None) -> dict:
     if script_args.heldout_prompts > 0 and state.num_processes > 1:
         print("[rgpo-trl] held-out evaluation runs in single-process runs only; skipped")
     elif script_args.heldout_prompts > 0:
-        sampling = {"max_new_tokens": training_args.max_completion_length, "temperature": training_args.temperature,
-                    "seed": training_args.seed}  # fmt: skip
         write_heldout(
             trainer.accelerator.unwrap_model(trainer.model),
             trainer.ref_model,

@@ -34,10 +34,11 @@ class RLHFRun:
     seed: int
     config: str
     extra: tuple[str, ...] = ()
+    tag: str = ""  # the setting that differs between a suite's runs of one method, e.g. "lr1e-4"
 
     @property
     def name(self) -> str:
-        return f"{self.method}__s{self.seed}"
+        return f"{self.method}__{self.tag}__s{self.seed}" if self.tag else f"{self.method}__s{self.seed}"
 
     def command(self, out: str) -> list[str]:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
@@ -56,6 +57,64 @@ class RLHFRun:
 # method's window gold, so its sampling noise should be small; held out, on the same 64 prompts as the others
 SFT_EXTRA = ("--train_eval_prompts", "512")
 
+# Issue 25's protocol, fixed before any of its runs. Every method gets the same learning-rate grid search (three
+# rates, seed 100, which no later suite uses); the choice is the rate with the highest mean gold on 256 validation
+# prompts (the last 256 of the training split, held out of training in every suite below; 2 samples each),
+# evaluated at iterations 325, 350, 375 and 400 (`recipes/rlhf_select.py`). The test prompts are not used to choose.
+PAPER = "recipes/configs/hh_rlhf_tiny_paper.yaml"
+ONLINE = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"]
+TUNE_RATES = {**{m: ("5e-5", "1e-4", "2e-4") for m in ONLINE}, "dpo": ("1e-5", "3e-5", "1e-4")}
+TUNE_SEED = 100
+VALIDATION = ("--validation_prompts", "256", "--validation_samples", "2", "--validation_every", "25")
+HELDOUT = ("--heldout_samples", "4")  # 64 test prompts x 4 samples
+FRONTIER_BETAS = {
+    "rgpo": ("0.01", "0.2"),
+    "ppo": ("0.01", "0.2"),
+    "sapo": ("0.01", "0.2"),
+}  # 0.05: the final runs
+REUSE = {m: ("1", "4", "8") for m in ("rgpo", "rgpo_old", "grpo", "ppo_clip_kl")}  # 2: the final runs
+
+
+def selected_rates(results: str) -> dict[str, str]:
+    """The learning rate chosen per method by the tuning suite (``<results>/tune/selection.json``); the suites that
+    use it refuse to start without it."""
+    path = os.path.join(results, "tune", "selection.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} is missing: run `python recipes/rlhf_suite.py tune` and "
+                         f"`python recipes/rlhf_select.py {os.path.join(results, 'tune')}` first")  # fmt: skip
+    with open(path) as f:
+        return {m: row["selected_lr"] for m, row in json.load(f)["methods"].items()}
+
+
+def _tune(results: str) -> list[RLHFRun]:
+    return [RLHFRun("tune", m, TUNE_SEED, PAPER, ("--learning_rate", lr, *VALIDATION), tag=f"lr{lr}")
+            for m, rates in TUNE_RATES.items() for lr in rates]  # fmt: skip
+
+
+def _final(results: str) -> list[RLHFRun]:
+    lr = selected_rates(results)
+    runs = [RLHFRun("final", m, s, PAPER, ("--learning_rate", lr[m], *VALIDATION, *HELDOUT))
+            for s in range(1, 6) for m in [*ONLINE, "dpo"]]  # fmt: skip
+    return runs + [
+        RLHFRun("final", "sft", s, PAPER, (*SFT_EXTRA, *VALIDATION, *HELDOUT)) for s in range(1, 6)
+    ]
+
+
+def _frontier(results: str) -> list[RLHFRun]:
+    lr = selected_rates(results)
+    return [RLHFRun("frontier", m, s, PAPER, ("--learning_rate", lr[m], "--beta", b, *VALIDATION, *HELDOUT),
+                    tag=f"beta{b}") for s in (1, 2, 3) for m, betas in FRONTIER_BETAS.items() for b in betas]  # fmt: skip
+
+
+def _reuse(results: str) -> list[RLHFRun]:
+    lr = selected_rates(results)
+    return [RLHFRun("reuse", m, s, PAPER, ("--learning_rate", lr[m], "--num_iterations", k, *VALIDATION, *HELDOUT),
+                    tag=f"reuse{k}") for s in (1, 2, 3) for m, ks in REUSE.items() for k in ks]  # fmt: skip
+
+
+# suites built when asked for: the final, frontier and reuse suites read the tuning suite's selection
+SUITE_BUILDERS = {"tune": _tune, "final": _final, "frontier": _frontier, "reuse": _reuse}
+
 SUITES: dict[str, list[RLHFRun]] = {
     "tiny-paper": [RLHFRun("tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml",
                            SFT_EXTRA if m == "sft" else ()) for s in (1, 2, 3) for m in METHODS],
@@ -64,6 +123,13 @@ SUITES: dict[str, list[RLHFRun]] = {
                       ("--num_rl_iterations", "2", "--max_completion_length", "8", "--heldout_prompts", "4",
                        "--save_strategy", "no")) for m in ("rgpo", "dpo", "sft")],
 }  # fmt: skip
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether ``path`` lies in the directory ``root`` (a real containment check: ``/x/proj-cache`` is not in
+    ``/x/proj``)."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return os.path.commonpath([path, root]) == root
 
 
 def run_info(command: list[str]) -> dict:
@@ -84,7 +150,7 @@ def run_info(command: list[str]) -> dict:
             versions[pkg] = version(pkg)
         except PackageNotFoundError:
             versions[pkg] = None
-    return {"command": [os.path.relpath(c, ROOT) if os.path.isabs(c) and c.startswith(ROOT) else c for c in command],
+    return {"command": [os.path.relpath(c, ROOT) if os.path.isabs(c) and inside(c, ROOT) else c for c in command],
             "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
             "platform": platform.platform(), "cpu_count": os.cpu_count(), "versions": versions}  # fmt: skip
 
@@ -154,19 +220,25 @@ def run_suite(
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("suite", nargs="?", choices=list(SUITES))
+    p.add_argument("suite", nargs="?", choices=[*SUITES, *SUITE_BUILDERS])
     p.add_argument("--results", default=os.path.join(ROOT, "results", "rlhf"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--list", action="store_true")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' Trainer checkpoints")
     a, extra = p.parse_known_args(argv)
     if a.list or a.suite is None:
-        for name, runs in SUITES.items():
+        for name in [*SUITES, *SUITE_BUILDERS] if a.suite is None else [a.suite]:
+            try:
+                runs = SUITES[name] if name in SUITES else SUITE_BUILDERS[name](a.results)
+            except SystemExit as err:
+                print(f"{name:11s} (not built yet: {err})")
+                continue
             for r in runs:
                 state = "finished" if finished(os.path.join(a.results, name, r.name)) else "-"
-                print(f"{name:11s} {r.name:18s} {state}")
+                print(f"{name:11s} {r.name:24s} {state}")
         return 0
-    failed = run_suite(SUITES[a.suite], a.results, a.jobs, tuple(extra), keep_checkpoints=a.keep_checkpoints)
+    runs = SUITES[a.suite] if a.suite in SUITES else SUITE_BUILDERS[a.suite](a.results)
+    failed = run_suite(runs, a.results, a.jobs, tuple(extra), keep_checkpoints=a.keep_checkpoints)
     for r, code in failed:
         print(f"failed: {r.suite}/{r.name} (exit {code}), see its run.log")
     return 1 if failed else 0

@@ -9,12 +9,15 @@ numbers are comparable.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from ..core import clamp_log_ratio, kl_ref_estimate
 
@@ -109,3 +112,76 @@ def _sample_std(values: Sequence[float]) -> float:
     """Sample standard deviation (ddof 1) over completions: the scale of a score, e.g. to express a shift of the
     proxy reward and of the gold score in the same units."""
     return statistics.stdev(values) if len(values) >= 2 else float("nan")
+
+
+def repeat_prompts(prompts: Sequence[Any], samples_per_prompt: int) -> list[Any]:
+    """Each prompt ``samples_per_prompt`` times in a row, so `evaluate_policy` averages that many independent
+    samples per prompt (a held-out estimate that is not one noisy sample per prompt)."""
+    if samples_per_prompt < 1:
+        raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
+    return [p for p in prompts for _ in range(samples_per_prompt)]
+
+
+class WindowEvaluation(TrainerCallback):
+    """Trainer callback: the shared evaluation of the policy on a fixed prompt set (e.g. validation prompts held
+    out of the training split) at chosen generation-batch iterations, one JSON row per evaluation in ``path``
+    and, at the end, the mean over the rows in ``summary_path``: the model-selection criterion of a tuning
+    suite, never computed on the test prompts.
+
+    Resumable: rows written after the checkpoint a run resumes from are dropped and evaluated again. Each
+    evaluation seeds its own sampling (``seed`` + iteration) and restores torch's RNG state, so training is
+    the same with and without it. Single-process runs only (like the held-out evaluation).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        summary_path: str,
+        prompts: Sequence[Any],
+        iterations: Sequence[int],
+        steps_per_iteration: int,
+        evaluate: Callable[[Any, Sequence[Any], int], dict[str, float]],
+        seed: int = 0,
+    ):
+        if not iterations:
+            raise ValueError("WindowEvaluation needs at least one iteration to evaluate at")
+        self.path, self.summary_path = path, summary_path
+        self.prompts, self.iterations = list(prompts), sorted(set(iterations))
+        self.steps_per_iteration, self.evaluate, self.seed = steps_per_iteration, evaluate, seed
+
+    def _rows(self) -> list[dict[str, Any]]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        done = state.global_step // self.steps_per_iteration
+        kept = [r for r in self._rows() if r["iteration"] <= done]
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with open(self.path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.steps_per_iteration:
+            return
+        iteration = state.global_step // self.steps_per_iteration
+        if iteration not in self.iterations or not state.is_world_process_zero:
+            return
+        row = {"iteration": iteration, **self.evaluate(model, self.prompts, self.seed + iteration)}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        rows = self._rows()
+        keys = [k for k in ("reward", "gold", "kl_ref") if rows and all(k in r for r in rows)]
+        summary = {
+            "iterations": [r["iteration"] for r in rows],
+            "expected_iterations": self.iterations,
+            "prompts": len(self.prompts),
+            **{k: sum(r[k] for r in rows) / len(rows) for k in keys},
+        }
+        with open(self.summary_path, "w") as f:
+            json.dump(summary, f, indent=2)

@@ -23,6 +23,7 @@ than ``max_prompt_length`` tokens are dropped and counted.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -279,3 +280,19 @@ def load_hh_preference_pairs(
 
     ds = ds.map(lambda r: {"chosen": final_turn(r["chosen"]), "rejected": final_turn(r["rejected"])})
     return ds.filter(lambda r: r["chosen"] is not None and r["rejected"] is not None), stats
+
+
+def hold_out_validation(dataset, n: int):
+    """Split a prompt dataset (a ``prompt`` column) into ``(train, validation)``: the last ``n`` rows are the
+    validation prompts, and every row whose prompt equals one of them leaves training (a prompt can repeat in
+    HH), so model selection is judged on prompts the policy never trained on, and never on the test split."""
+    if n < 0 or n >= len(dataset):
+        raise ValueError(
+            f"validation_prompts must be in [0, {len(dataset) - 1}] (the training prompts), got {n}"
+        )
+    if n == 0:
+        return dataset, dataset.select([])
+    validation = dataset.select(range(len(dataset) - n, len(dataset)))
+    held = {json.dumps(p, sort_keys=True) for p in validation["prompt"]}
+    keep = [i for i, p in enumerate(dataset["prompt"]) if json.dumps(p, sort_keys=True) not in held]
+    return dataset.select(keep), validation
