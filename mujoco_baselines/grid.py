@@ -100,6 +100,17 @@ SUITES: dict[str, list[Run]] = {
     ),
     "long": _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=3_000_000)
     + _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=6_000_000),
+    # Issue 24 ("Does RGPO beat PPO, and when?"), fixed before its runs; meant to run with --compile. annealed5
+    # adds seeds 3-4 to main's PPO/RGPO cells (seeds 0-2 are main's eager runs); constant_lr is the paper's likely
+    # setting (no learning-rate annealing); kl_budget separates the gate from the trust-region size: RGPO at
+    # larger KL targets, and PPO with CleanRL's KL early stop.
+    "annealed5": _grid("annealed5", ["ppo", "rgpo"], MUJOCO_ENVS, [3, 4]),
+    "kl_budget": _grid(
+        "kl_budget", ["rgpo"], ["Ant-v4", "HalfCheetah-v4"], [0, 1, 2],
+        variants=(("target0.05", ("--kl-target", "0.05")), ("target0.1", ("--kl-target", "0.1"))),
+    )
+    + _grid("kl_budget", ["ppo"], ["Ant-v4", "HalfCheetah-v4"], [0, 1, 2], variants=(("targetkl0.03", ("--target-kl", "0.03")),)),
+    "constant_lr": _grid("constant_lr", ["ppo", "rgpo"], MUJOCO_ENVS, [0, 1, 2, 3, 4], variants=(("constant_lr", ("--no-anneal-lr",)),)),
     # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (issue: "MuJoCo
     # scripts twice as fast"; read by benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(

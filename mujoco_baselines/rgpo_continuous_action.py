@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from compiled_update import CompiledAdamStep, check_compiler
+from evaluation import EVAL_SEED_OFFSET, eval_summary, evaluate, write_eval_csv
 
 import rgpo_trl
 
@@ -53,6 +54,11 @@ class Args:
     """continue from the checkpoint if it exists (needs --run-name; refused if the configuration differs)"""
     keep_checkpoint: bool = False
     """keep checkpoint.pt after the run finished (default: deleted, the results stay)"""
+    eval_episodes: int = 10
+    """deterministic evaluation at the end of the run: this many episodes of the mean action on a separate
+    environment with frozen observation normalisation (final.json: eval_return_mean / _std / episodes); 0 skips"""
+    eval_every: int = 0
+    """also evaluate every N iterations (eval.csv); 0: at the end only"""
 
     # Environment
     env_id: str = "HalfCheetah-v4"
@@ -266,6 +272,8 @@ RESUME_FREE_ARGS = {
     "checkpoint_dir",
     "resume",
     "keep_checkpoint",
+    "eval_episodes",  # evaluation reads the run and changes nothing in it
+    "eval_every",
     "compile",  # both modes keep the same state (compiled_update.py), so either may continue a run
 }
 
@@ -532,7 +540,7 @@ def main(args: Args) -> dict:
     next_obs = env.reset(seed=args.seed)
     next_done = 0.0
     stateful = {"agent": agent, "optimizer": optimizer, "env": env, "kl_controller": kl_ctl}
-    rows = []
+    rows, eval_rows = [], []
     if checkpoint is not None:
         missing = set(stateful) - set(checkpoint)
         if missing:  # checked before anything is loaded
@@ -551,6 +559,7 @@ def main(args: Args) -> dict:
         commits = list(
             dict.fromkeys([*progress["commits"], info["git_commit"]])
         )  # every commit that ran a part
+        eval_rows = progress.get("eval_rows", [])  # checkpoints written before evaluation existed have none
         rows = progress["rows"]  # the metrics up to the checkpoint, from the checkpoint itself
         print(f"resumed {run_name} from {ckpt_path} after iteration {progress['iteration']}", flush=True)
     csv_file, csv_writer, final = open(os.path.join(run_dir, "metrics.csv"), "w", newline=""), None, {}
@@ -728,6 +737,11 @@ def main(args: Args) -> dict:
                     f"kl={kl_mean:.4f} ess={row['ess']:.3f} SPS={int(row['SPS'])}",
                     flush=True,
                 )
+            if args.eval_every > 0 and args.eval_episodes > 0 and iteration % args.eval_every == 0:
+                summary = eval_summary(evaluate(env, agent, args))
+                eval_rows.append({"iteration": iteration, "global_step": global_step,
+                                  **{k: summary[k] for k in ("eval_return_mean", "eval_return_std")}})  # fmt: skip
+                write_eval_csv(run_dir, eval_rows)
             if (
                 args.checkpoint_every > 0
                 and iteration % args.checkpoint_every == 0
@@ -743,6 +757,7 @@ def main(args: Args) -> dict:
                     "resumed_at": resumed_at,
                     "commits": commits,
                     "rows": rows,
+                    "eval_rows": eval_rows,
                 }
                 save_checkpoint(ckpt_path, {
                     "args": checkpoint_args(args), "progress": progress, "rng": rng_state(),
@@ -764,6 +779,8 @@ def main(args: Args) -> dict:
             "resumed_at_iterations": resumed_at,
             "git_commits": commits,
         }
+        if args.eval_episodes > 0:
+            final.update(eval_summary(evaluate(env, agent, args)), eval_seed=args.seed + EVAL_SEED_OFFSET)
         with open(os.path.join(run_dir, "final.json.tmp"), "w") as f:
             json.dump(final, f, indent=2)
         os.replace(
