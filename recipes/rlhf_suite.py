@@ -83,7 +83,8 @@ def selected_rates(results: str) -> dict[str, str]:
         raise SystemExit(f"{path} is missing: run `python recipes/rlhf_suite.py tune` and "
                          f"`python recipes/rlhf_select.py {os.path.join(results, 'tune')}` first")  # fmt: skip
     with open(path) as f:
-        return {m: row["selected_lr"] for m, row in json.load(f)["methods"].items()}
+        chosen = {m: row["selected_lr"] for m, row in json.load(f)["methods"].items()}
+    return {m: lr for m, lr in chosen.items() if lr is not None}  # a method with an unfinished rate waits
 
 
 def _tune(results: str) -> list[RLHFRun]:
@@ -94,7 +95,7 @@ def _tune(results: str) -> list[RLHFRun]:
 def _final(results: str) -> list[RLHFRun]:
     lr = selected_rates(results)
     runs = [RLHFRun("final", m, s, PAPER, ("--learning_rate", lr[m], *VALIDATION, *HELDOUT))
-            for s in range(1, 6) for m in [*ONLINE, "dpo"]]  # fmt: skip
+            for s in range(1, 6) for m in [*ONLINE, "dpo"] if m in lr]  # fmt: skip
     return runs + [
         RLHFRun("final", "sft", s, PAPER, (*SFT_EXTRA, *VALIDATION, *HELDOUT)) for s in range(1, 6)
     ]
@@ -103,13 +104,13 @@ def _final(results: str) -> list[RLHFRun]:
 def _frontier(results: str) -> list[RLHFRun]:
     lr = selected_rates(results)
     return [RLHFRun("frontier", m, s, PAPER, ("--learning_rate", lr[m], "--beta", b, *VALIDATION, *HELDOUT),
-                    tag=f"beta{b}") for s in (1, 2, 3) for m, betas in FRONTIER_BETAS.items() for b in betas]  # fmt: skip
+                    tag=f"beta{b}") for s in (1, 2, 3) for m, betas in FRONTIER_BETAS.items() if m in lr for b in betas]  # fmt: skip
 
 
 def _reuse(results: str) -> list[RLHFRun]:
     lr = selected_rates(results)
     return [RLHFRun("reuse", m, s, PAPER, ("--learning_rate", lr[m], "--num_iterations", k, *VALIDATION, *HELDOUT),
-                    tag=f"reuse{k}") for s in (1, 2, 3) for m, ks in REUSE.items() for k in ks]  # fmt: skip
+                    tag=f"reuse{k}") for s in (1, 2, 3) for m, ks in REUSE.items() if m in lr for k in ks]  # fmt: skip
 
 
 # suites built when asked for: the final, frontier and reuse suites read the tuning suite's selection

@@ -388,7 +388,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(method, compile, tmp_path, 
     normalisation statistics, MuJoCo simulator state, RNG states and episode counters. Under --compile too
     (the same compiled kernels on the same state; the learning rate is read from the reloaded optimiser)."""
     module = load(method)
-    kw = dict(total_timesteps=256 * 5, checkpoint_every=2, compile=compile)
+    kw = dict(total_timesteps=256 * 5, checkpoint_every=2, compile=compile, eval_every=1, eval_episodes=1)
     reference = module.main(small_args(module, tmp_path / "a", "run", **kw))
     assert not os.path.exists(tmp_path / "a" / "run" / "checkpoint.pt")  # removed once the run is done
 
@@ -417,6 +417,68 @@ def test_interrupted_run_resumes_to_the_same_metrics(method, compile, tmp_path, 
                 rb[key],
             )
     assert resumed["final_return"] == reference["final_return"] and resumed["resumed_at_iterations"] == [2]
+    # the periodic evaluations survive the interruption: rows up to the checkpoint from it, later ones recomputed
+    eval_a, eval_b = (open(tmp_path / d / "run" / "eval.csv").read() for d in ("a", "b"))
+    assert eval_a == eval_b and len(eval_a.splitlines()) == 6
+    assert resumed["eval_episodes"] == reference["eval_episodes"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_deterministic_evaluation_leaves_training_unchanged(method, tmp_path):
+    """Evaluating every iteration and at the end changes no training metric (timings aside): it draws from no
+    global random stream and does not touch the training environment or its normalisation."""
+    module = load(method)
+    plain = module.main(small_args(module, tmp_path, "a", total_timesteps=256 * 3, eval_episodes=0))
+    evaluated = module.main(
+        small_args(module, tmp_path, "b", total_timesteps=256 * 3, eval_every=1, eval_episodes=2)
+    )
+    for ra, rb in zip(read_rows(tmp_path / "a"), read_rows(tmp_path / "b"), strict=True):
+        assert {k: v for k, v in ra.items() if k not in TIME_KEYS} == {
+            k: v for k, v in rb.items() if k not in TIME_KEYS
+        }
+    assert "eval_return_mean" not in plain and plain["final_return"] == evaluated["final_return"]
+    episodes = evaluated["eval_episodes"]
+    assert len(episodes) == 2 and evaluated["eval_return_mean"] == pytest.approx(sum(episodes) / 2)
+    assert evaluated["eval_return_std"] == pytest.approx(float(np.std(episodes, ddof=1)))
+    assert len(open(tmp_path / "b" / "eval.csv").read().splitlines()) == 4  # header + 3 iterations
+
+
+def test_evaluation_is_the_mean_action_on_its_own_seeded_env():
+    """Against a plain gymnasium loop: a policy whose mean action is a fixed function of the normalised
+    observation, the env seeded with seed + EVAL_SEED_OFFSET, observations normalised with frozen statistics."""
+    import gymnasium as gym
+    import torch
+
+    evaluation = sys.modules[load("rgpo").evaluate.__module__]  # the scripts' shared evaluation module
+    rng = np.random.default_rng(0)
+    mean, var = rng.normal(size=11), rng.uniform(0.5, 2.0, size=11)
+    w = rng.normal(size=(3, 11)) * 0.3
+
+    class Agent:
+        def mean_action(self, x):
+            return torch.as_tensor(w, dtype=torch.float32) @ x
+
+    class TrainEnv:
+        obs_rms = type("RMS", (), {"mean": mean, "var": var})()
+        low, high = -np.ones(3, np.float32), np.ones(3, np.float32)
+
+    class Args:
+        env_id, seed, eval_episodes, norm_obs, obs_clip = "Hopper-v4", 3, 2, True, 10.0
+
+    got = evaluation.evaluate(TrainEnv(), Agent(), Args())
+    env, expected = gym.make("Hopper-v4"), []
+    obs, _ = env.reset(seed=3 + evaluation.EVAL_SEED_OFFSET)
+    for _ in range(2):
+        total, done = 0.0, False
+        while not done:
+            x = np.clip((obs - mean) / np.sqrt(var + 1e-8), -10, 10)
+            a = (torch.as_tensor(w, dtype=torch.float32) @ torch.as_tensor(x, dtype=torch.float32)).numpy()
+            obs, r, term, trunc, _ = env.step(np.clip(a, -1, 1))
+            total, done = total + float(r), term or trunc
+        expected.append(total)
+        obs, _ = env.reset()
+    assert got == expected and got[0] != got[1]
+    assert (TrainEnv.obs_rms.mean == mean).all()  # read, not updated
 
 
 def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path):

@@ -4,6 +4,8 @@ changes the parameters."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from _trainer_utils import (
@@ -204,3 +206,51 @@ def test_vllm_importance_sampling_correction(model_path, tmp_path):
         expected = reference_loss(trainer, record, is_ratio=ratio)
         torch.testing.assert_close(record["loss"], expected, atol=LOSS_ATOL, rtol=0)
         assert (expected - reference_loss(trainer, record)).abs() > 1e-6
+
+
+def _logged(trainer, key):
+    return [e[key] for e in trainer.state.log_history if key in e]
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "adaptive"),
+    [("dapo", False), ("dapo", True), ("grpo", False)],
+    ids=["static", "adaptive", "grpo"],
+)
+def test_policy_loss_logged_under_entropy_bonus(model_path, tmp_path, loss_type, adaptive):
+    """With an entropy bonus GRPOTrainer logs the loss before the bonus as `policy_loss` (for grpo before the
+    accumulation scaling): so does RGPOTrainer, per step, next to `entropy` and `entropy_coef`; in eval too."""
+    options = (
+        dict(use_adaptive_entropy=True, entropy_target=100.0, entropy_coef_delta=0.02) if adaptive else {}
+    )
+    trainer, records = train(model_path, tmp_path, entropy_coef=0.1, loss_type=loss_type,
+                             gradient_accumulation_steps=2, per_device_eval_batch_size=4, **options)  # fmt: skip
+    accumulation = 2 if loss_type == "grpo" else 1
+    expected = [accumulation * reference_loss(trainer, r, loss_type=loss_type).item() for r in records]
+    per_step = [sum(expected[i : i + 2]) / 2 for i in range(0, len(expected), 2)]  # log: mean over the window
+    assert _logged(trainer, "policy_loss") == pytest.approx(per_step, abs=LOSS_ATOL)
+    bonus = [(r["loss"] - reference_loss(trainer, r, loss_type=loss_type)).abs().item() for r in records]
+    assert max(bonus) > 1e-4  # the bonus acted: the logged value is not the loss itself
+    assert len(_logged(trainer, "entropy")) == len(_logged(trainer, "entropy_coef")) == 3
+    metrics = trainer.evaluate(tiny_dataset())
+    assert math.isfinite(metrics["eval_policy_loss"]) and "eval_entropy" in metrics
+
+
+def test_no_policy_loss_without_entropy_bonus(model_path, tmp_path):
+    trainer, _ = train(model_path, tmp_path)
+    assert not _logged(trainer, "policy_loss") and not _logged(trainer, "entropy_coef")
+
+
+@pytest.mark.parametrize("bias_corrected", [False, True])
+def test_kl_logged_as_grpo_trainer(model_path, tmp_path, bias_corrected):
+    """`kl` is the token mean of the k3 KL to the reference the loss uses (times r_old when bias-corrected)."""
+    trainer, records = train(model_path, tmp_path, use_bias_correction_kl=bias_corrected)
+    expected = []
+    for record in records:
+        inputs, logps = record["inputs"], record["logps"]
+        mask, ref = inputs["completion_mask"].float(), inputs["ref_per_token_logps"]
+        kl = torch.exp(ref - logps) - (ref - logps) - 1.0
+        if bias_corrected:
+            kl = kl * torch.exp(logps - inputs["old_per_token_logps"])
+        expected.append(((kl * mask).sum() / mask.sum()).item())
+    assert _logged(trainer, "kl") == pytest.approx(expected, rel=1e-4, abs=1e-7)

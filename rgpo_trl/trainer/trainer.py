@@ -221,9 +221,13 @@ class RGPOTrainer(GRPOTrainer):
                     log_r if sequence_mask is None else masked_mean(log_r, mask, -1)[:, None]
                 )
             per_token_loss = per_token_loss + self.beta * kl_ref
-        loss = self._aggregate(per_token_loss, mask, inputs, mode)
+            # GRPOTrainer's `kl`: the k3 KL to the reference as in the loss (bias-corrected when that option is on)
+            self._metrics[mode]["kl"].append(self._global_masked_mean(kl_ref.detach(), mask))
+        loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
 
         if self._entropy_bonus_enabled:
+            # GRPOTrainer logs the loss before the bonus as `policy_loss` (with the bonus only; gathered)
+            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
             loss = loss - self._entropy_bonus(
                 entropies, mask if entropy_mask is None else mask * entropy_mask, mode
             )
@@ -247,19 +251,19 @@ class RGPOTrainer(GRPOTrainer):
         self._log_rgpo_metrics(mode, diag, entropies, mask)
         return loss
 
-    def _aggregate(self, per_token_loss, mask, inputs, mode) -> torch.Tensor:
-        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type``."""
+    def _aggregate(self, per_token_loss, mask, inputs, mode) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type``. Returns the loss
+        and, detached, what GRPOTrainer records as ``policy_loss`` for that ``loss_type`` (for grpo / bnpo /
+        dr_grpo the value before the gradient-accumulation scaling, for dapo the loss itself)."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        if self.loss_type == "grpo":  # mean over each sequence's tokens, then over sequences
-            return masked_mean(per_token_loss, mask, dim=-1).mean() / accumulation
-        if self.loss_type == "bnpo":  # mean over the micro-batch's tokens
-            return masked_mean(per_token_loss, mask) / accumulation
-        if self.loss_type == "dr_grpo":  # sum / (sequences x max_completion_length)
-            return (
-                (per_token_loss * mask).sum()
-                / (per_token_loss.size(0) * self.max_completion_length)
-                / accumulation
-            )
+        if self.loss_type in ("grpo", "bnpo", "dr_grpo"):
+            if self.loss_type == "grpo":  # mean over each sequence's tokens, then over sequences
+                loss = masked_mean(per_token_loss, mask, dim=-1).mean()
+            elif self.loss_type == "bnpo":  # mean over the micro-batch's tokens
+                loss = masked_mean(per_token_loss, mask)
+            else:  # dr_grpo: sum / (sequences x max_completion_length)
+                loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
+            return loss / accumulation, loss.detach()
         # "dapo": sum over the completion tokens of the whole accumulated batch on all processes / their number.
         # `num_items_in_batch` spans the generation batch: rescaled to one optimizer step and divided by the
         # number of processes because DDP averages gradients.
@@ -268,7 +272,8 @@ class RGPOTrainer(GRPOTrainer):
             normalizer = (
                 normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             )
-        return (per_token_loss * mask).sum() / normalizer
+        loss = (per_token_loss * mask).sum() / normalizer
+        return loss, loss.detach()
 
     def _entropy_bonus(self, entropies, effective_mask, mode) -> torch.Tensor:
         """GRPOTrainer's entropy bonus ``coef * H`` (H: mean entropy of the tokens the policy term acts on), static
@@ -297,6 +302,11 @@ class RGPOTrainer(GRPOTrainer):
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         return coef * entropy
 
+    def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
+        """Token-weighted mean over all processes (GRPOTrainer's ``global_masked_mean``)."""
+        totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
     @torch.no_grad()
     def _log_rgpo_metrics(self, mode, diag, entropies, mask) -> None:
         """Reduce the diagnostics across processes and record them: ``*_max`` keys as maxima, ESS from the
@@ -320,8 +330,6 @@ class RGPOTrainer(GRPOTrainer):
         metrics = self._metrics[mode]
         for key, value in {**means, **maxima, "ess": ess, "kl_coef": self.kl_ctl.kl_coef}.items():
             metrics["entropy" if key == "entropy" else f"rgpo/{key}"].append(value)
-        if "kl_ref" in means:
-            metrics["kl"].append(means["kl_ref"])  # TRL's name for the k3 KL to the reference
         if mode == "train":
             self._iter_kl_sum += totals[mean_keys.index("kl_old")].item()
             self._iter_kl_count += global_count.item()

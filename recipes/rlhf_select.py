@@ -1,0 +1,97 @@
+"""Pick each RLHF method's learning rate from the tuning suite, by the rule fixed before its runs.
+
+    python recipes/rlhf_select.py results/rlhf/tune      # -> selection.json and selection.md in that folder
+
+The rule (issue 25, set in `recipes/rlhf_suite.py` before any tuning run): for every method, the learning rate
+whose run has the highest mean gold score on the 256 validation prompts (held out of the training split; never the
+test prompts), averaged over the evaluations at iterations 325, 350, 375 and 400 (validation.json). A method is
+selected only when all of its rates have finished; the table lists every method x rate with its value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rlhf_suite import TUNE_RATES, TUNE_SEED, RLHFRun  # noqa: E402
+
+CRITERION = "gold"  # validation.json's mean gold over the window evaluations
+
+
+def select(tune_dir: str) -> dict:
+    """Every method x rate with the criterion (None if not finished) and, when all rates finished, the choice."""
+    methods = {}
+    for method, rates in TUNE_RATES.items():
+        rows = []
+        for lr in rates:
+            run = RLHFRun("tune", method, TUNE_SEED, "", tag=f"lr{lr}")
+            path = os.path.join(tune_dir, run.name, "validation.json")
+            value = None
+            if os.path.exists(path):
+                with open(path) as f:
+                    result = json.load(f)
+                if result["iterations"] != result["expected_iterations"]:
+                    raise SystemExit(f"{path}: evaluated at {result['iterations']}, "
+                                     f"expected {result['expected_iterations']}")  # fmt: skip
+                value = {k: result.get(k) for k in ("gold", "reward", "kl_ref")}
+            rows.append({"lr": lr, "run": run.name, "validation": value})
+        done = [r for r in rows if r["validation"] is not None]
+        selected = (
+            max(done, key=lambda r: r["validation"][CRITERION])["lr"] if len(done) == len(rows) else None
+        )
+        methods[method] = {"rates": rows, "selected_lr": selected}
+    return {
+        "criterion": f"mean validation {CRITERION} at iterations 325-400 (256 training-split prompts held out, "
+        "2 samples each), highest wins",
+        "seed": TUNE_SEED,
+        "methods": methods,
+    }
+
+
+def to_markdown(selection: dict) -> str:
+    lines = [
+        "# Learning-rate selection (tuning suite)",
+        "",
+        f"Rule, fixed before the runs: {selection['criterion']}; one run per method x rate (seed "
+        f"{selection['seed']}, used by no other suite). Regenerate: `python recipes/rlhf_select.py results/rlhf/tune`.",
+        "",
+        "| method | lr | validation gold | validation proxy reward | validation KL_ref | selected |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method, entry in selection["methods"].items():
+        for row in entry["rates"]:
+            v = row["validation"]
+            cells = (
+                ["not run"] * 3
+                if v is None
+                else [f"{v['gold']:.3f}", f"{v['reward']:.3f}", f"{v['kl_ref']:.3f}"]
+            )
+            mark = "**yes**" if row["lr"] == entry["selected_lr"] else ""
+            lines.append(f"| {method} | {row['lr']} | {' | '.join(cells)} | {mark} |")
+    pending = [m for m, e in selection["methods"].items() if e["selected_lr"] is None]
+    if pending:
+        lines += ["", f"Not selected yet (a rate has not finished): {', '.join(pending)}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("tune_dir", help="the tuning suite's results, e.g. results/rlhf/tune")
+    a = p.parse_args(argv)
+    if not os.path.isdir(a.tune_dir):
+        p.error(f"tune_dir {a.tune_dir!r} is not a directory (run `python recipes/rlhf_suite.py tune` first)")
+    selection = select(a.tune_dir)
+    with open(os.path.join(a.tune_dir, "selection.json"), "w") as f:
+        json.dump(selection, f, indent=2)
+    text = to_markdown(selection)
+    with open(os.path.join(a.tune_dir, "selection.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Issue 25's protocol: validation prompts held out of training, their window evaluation, the selection rule and
+the suites built from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "recipes"))
+
+
+def _prompts(texts):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in texts]})
+
+
+def test_hold_out_validation_removes_every_copy_of_a_validation_prompt():
+    from rgpo_trl.rlhf.hh_data import hold_out_validation
+
+    train, validation = hold_out_validation(_prompts(["a", "b", "c", "b", "d", "e"]), 2)
+    assert [p[0]["content"] for p in validation["prompt"]] == ["d", "e"]
+    assert [p[0]["content"] for p in train["prompt"]] == ["a", "b", "c", "b"]
+    train, validation = hold_out_validation(_prompts(["a", "b", "a"]), 1)  # "a" repeats: both copies leave
+    assert [p[0]["content"] for p in train["prompt"]] == ["b"]
+    with pytest.raises(ValueError, match=r"validation_prompts must be in \[0, 2\]"):
+        hold_out_validation(_prompts(["a", "b", "c"]), 3)
+
+
+def test_window_evaluation_rows_resume_and_summary(tmp_path):
+    from rgpo_trl.rlhf.evaluation import WindowEvaluation
+
+    seen = []
+
+    def evaluate(model, prompts, seed):
+        seen.append(seed)
+        return {"gold": float(seed), "reward": 1.0, "kl_ref": 0.5}
+
+    def callback():
+        return WindowEvaluation(str(tmp_path / "v.jsonl"), str(tmp_path / "v.json"), ["p"], [2, 4, 6], 2,
+                                evaluate, seed=100)  # fmt: skip
+
+    def state(step):
+        return SimpleNamespace(global_step=step, is_world_process_zero=True)
+
+    cb = callback()
+    cb.on_train_begin(None, state(0), None)
+    for step in range(1, 11):  # iterations 1-5 (2 steps each); evaluated at iterations 2 and 4
+        cb.on_step_end(None, state(step), None, model=None)
+    assert seen == [102, 104]
+    # resumed from the checkpoint at step 6 (iteration 3): the row of iteration 4 is dropped and made again
+    cb = callback()
+    cb.on_train_begin(None, state(6), None)
+    for step in range(7, 13):
+        cb.on_step_end(None, state(step), None, model=None)
+    cb.on_train_end(None, state(12), None)
+    rows = [json.loads(line) for line in open(tmp_path / "v.jsonl")]
+    assert [r["iteration"] for r in rows] == [2, 4, 6] and seen == [102, 104, 104, 106]
+    summary = json.load(open(tmp_path / "v.json"))
+    assert summary["iterations"] == summary["expected_iterations"] == [2, 4, 6]
+    assert summary["gold"] == pytest.approx(104.0) and summary["kl_ref"] == 0.5
+
+
+def test_selection_takes_the_highest_validation_gold_only_when_every_rate_finished(tmp_path):
+    import rlhf_select
+    import rlhf_suite
+
+    golds = {"5e-5": 1.0, "1e-4": 1.7, "2e-4": 1.2}
+    for lr, gold in golds.items():
+        d = tmp_path / f"rgpo__lr{lr}__s100"
+        d.mkdir()
+        (d / "validation.json").write_text(json.dumps(
+            {"iterations": [325], "expected_iterations": [325], "gold": gold, "reward": 2.0, "kl_ref": 0.1}))  # fmt: skip
+    (tmp_path / "ppo__lr5e-5__s100").mkdir()  # ppo: nothing finished
+    (tmp_path / "ppo__lr5e-5__s100" / "validation.json").write_text(json.dumps(
+        {"iterations": [325], "expected_iterations": [325], "gold": 9.0, "reward": 2.0, "kl_ref": 0.1}))  # fmt: skip
+    assert rlhf_select.main([str(tmp_path)]) == 0
+    selection = json.load(open(tmp_path / "selection.json"))
+    assert selection["methods"]["rgpo"]["selected_lr"] == "1e-4"
+    assert selection["methods"]["ppo"]["selected_lr"] is None  # 2 of 3 rates missing: no choice yet
+    text = (tmp_path / "selection.md").read_text()
+    assert "| rgpo | 1e-4 | 1.700 | 2.000 | 0.100 | **yes** |" in text and "| ppo | 1e-4 | not run" in text
+    # the later suites use the choice, and only for methods that have one
+    results = tmp_path.parent / "results"
+    (results / "tune").mkdir(parents=True)
+    os.replace(tmp_path / "selection.json", results / "tune" / "selection.json")
+    final = rlhf_suite.SUITE_BUILDERS["final"](str(results))
+    assert (
+        sorted({r.method for r in final}) == ["rgpo", "sft"] and len(final) == 5 + 5
+    )  # and the SFT baseline
+    assert all(r.extra[r.extra.index("--learning_rate") + 1] == "1e-4" for r in final if r.method == "rgpo")
+    reuse = rlhf_suite.SUITE_BUILDERS["reuse"](str(results))
+    assert sorted({r.tag for r in reuse}) == ["reuse1", "reuse4", "reuse8"] and len(reuse) == 9
+    with pytest.raises(SystemExit, match="selection.json is missing"):
+        rlhf_suite.SUITE_BUILDERS["final"](str(tmp_path / "nowhere"))
+
+
+def test_tuning_suite_is_fixed_and_uses_no_later_seed():
+    import rlhf_suite
+
+    runs = rlhf_suite.SUITE_BUILDERS["tune"]("unused")
+    assert len(runs) == 6 * 3 + 3 and {r.seed for r in runs} == {rlhf_suite.TUNE_SEED}
+    assert "--validation_prompts" in runs[0].extra and runs[0].name == "rgpo__lr5e-5__s100"
+
+
+def test_path_containment_is_not_a_string_prefix(tmp_path):
+    import rlhf_suite
+
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj-cache").mkdir()
+    assert not rlhf_suite.inside(str(tmp_path / "proj-cache"), str(tmp_path / "proj"))
+    assert rlhf_suite.inside(str(tmp_path / "proj" / "x"), str(tmp_path / "proj"))
