@@ -6,7 +6,7 @@ TORCH_CPU ?= torch==2.13.0
 EXTRAS ?= all
 STAMP := .install.stamp
 
-.PHONY: install demo core-demo test test-slow lint clean
+.PHONY: install demo core-demo test test-slow lint docs clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_CPU)"
@@ -30,6 +30,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PYTHON) -m pytest -m slow
+
+# the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check .
