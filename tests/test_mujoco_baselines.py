@@ -675,14 +675,16 @@ def test_numpy_mean_action_is_actor_mean_and_follows_updates(method):
 
 
 def test_readme_script_commands_parse():
-    """Every `python mujoco_baselines/<method>_continuous_action.py ...` line in the READMEs names real flags
+    """Every `python mujoco_baselines/<method>_continuous_action.py ...` line in the READMEs and docs names real flags
     (tyro parses it; a renamed or invented flag fails here, not in a user's terminal)."""
     import shlex
 
     import tyro
 
     commands = []
-    for readme in ("README.md", os.path.join("mujoco_baselines", "README.md")):
+    pages = [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(os.path.join(ROOT, "docs"))
+             for f in fs if f.endswith(".md")]  # fmt: skip
+    for readme in ("README.md", os.path.join("mujoco_baselines", "README.md"), *pages):
         with open(os.path.join(ROOT, readme)) as f:
             for line in f:
                 line = line.strip()

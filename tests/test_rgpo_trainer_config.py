@@ -182,3 +182,41 @@ def test_command_line_parsing(tmp_path):
 def test_grpo_options_orthogonal_to_the_gate_are_accepted(tmp_path, kwargs):
     config = make(tmp_path, **kwargs)
     assert all(getattr(config, k) == v for k, v in kwargs.items())
+
+
+def test_trl_outside_the_tested_range_warns_naming_it():
+    import warnings
+
+    from rgpo_trl.trainer.trl_version import TESTED_TRL, check_trl_version
+
+    low, high = TESTED_TRL
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing inside the range
+        assert (
+            check_trl_version(str(low))
+            and check_trl_version(f"{low}.3")
+            and check_trl_version(f"{low}.0.dev1")
+        )
+    for outside in (str(high), "1.15.2", "2.0.0"):
+        with pytest.warns(UserWarning, match=rf"tested with trl>={low},<{high}; trl {outside} is installed"):
+            assert not check_trl_version(outside)
+
+
+def test_importing_the_trainers_with_a_faked_trl_version_warns_once(monkeypatch):
+    import importlib
+    import sys
+    import warnings
+
+    import trl
+
+    import rgpo_trl.trainer
+
+    monkeypatch.setattr(rgpo_trl, "trainer", rgpo_trl.trainer)  # restored after the re-import below
+    monkeypatch.setattr(trl, "__version__", "9.0.0")
+    for name in [m for m in sys.modules if m.startswith("rgpo_trl.trainer")]:
+        monkeypatch.delitem(sys.modules, name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        importlib.import_module("rgpo_trl.trainer")
+    messages = [str(w.message) for w in caught if "is installed" in str(w.message)]
+    assert len(messages) == 1 and "trl 9.0.0 is installed" in messages[0]

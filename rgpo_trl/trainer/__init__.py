@@ -1,8 +1,14 @@
 """The TRL layer: `RGPOConfig` (a `trl.GRPOConfig`) and `RGPOTrainer` (a `trl.GRPOTrainer` whose loss is the core's)."""
 
-from .config import RGPOConfig, micro_batches_per_iteration, optimizer_steps_per_iteration
-from .ppo_rlhf import PPORLHFConfig, PPORLHFTrainer
-from .trainer import RGPOTrainer
+import trl
+
+from .trl_version import check_trl_version
+
+check_trl_version(trl.__version__)
+
+from .config import RGPOConfig  # noqa: E402, micro_batches_per_iteration, optimizer_steps_per_iteration
+from .ppo_rlhf import PPORLHFConfig, PPORLHFTrainer  # noqa: E402
+from .trainer import RGPOTrainer  # noqa: E402
 
 __all__ = [
     "PPORLHFConfig",
