@@ -20,7 +20,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PYTHON) -m rgpo_trl.tiny_hh
 	$(PYTHON) -m accelerate.commands.launch --config_file recipes/accelerate_configs/cpu.yaml \
-		recipes/hh_rlhf_qwen.py --preset tiny $(DEMO_ARGS)
+		recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_tiny.yaml $(DEMO_ARGS)
 
 core-demo: $(STAMP)
 	$(PYTHON) examples/core_demo.py

@@ -1,8 +1,7 @@
 # Copyright 2026 The rgpo-trl developers. Apache-2.0.
 """RGPO on Anthropic HH-RLHF (helpful) with a pairwise DeBERTa reward model: the paper's Sec. 7.3.
 
-Presets are YAML files in ``recipes/configs/`` passed with ``--config`` (``--preset NAME`` is short for
-``--config recipes/configs/hh_rlhf_NAME.yaml``; default ``tiny``):
+Presets are YAML files in ``recipes/configs/`` passed with ``--config``, as for any TRL script:
 
 * ``hh_rlhf_paper.yaml``: Qwen/Qwen2.5-1.5B-Instruct, OpenAssistant/reward-model-deberta-v3-large-v2,
   Anthropic/hh-rlhf helpful-base (43,835 prompts), 4 prompts x 4 completions per iteration, lr 1e-6,
@@ -10,41 +9,53 @@ Presets are YAML files in ``recipes/configs/`` passed with ``--config`` (``--pre
   local copies: pass paths instead of ids)::
 
       accelerate launch --config_file recipes/accelerate_configs/single_gpu.yaml \\
-          recipes/hh_rlhf_qwen.py --preset paper --method rgpo --seed 1
+          recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_paper.yaml --method rgpo --seed 1
 
 * ``hh_rlhf_tiny.yaml``: the embedded offline default, the same recipe on CPU on the tiny-HH world
-  (``tiny-hh/<asset>`` paths are built once and cached, see `rgpo_trl.tiny_hh`)::
+  (``world: tiny``; ``tiny-hh/<asset>`` paths are built once and cached, see `rgpo_trl.tiny_hh`)::
 
-      accelerate launch --config_file recipes/accelerate_configs/cpu.yaml recipes/hh_rlhf_qwen.py
+      accelerate launch --config_file recipes/accelerate_configs/cpu.yaml recipes/hh_rlhf_qwen.py \\
+          --config recipes/configs/hh_rlhf_tiny.yaml
 
-``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo);
-it applies its loss settings over the preset. Precedence: field defaults < method < YAML < command line.
-Any RGPOConfig / GRPOConfig / ModelConfig field can be set. Per-iteration metrics go to
-``<output_dir>/metrics.jsonl`` (and ``metrics.csv``), the window averages the paper reports to ``summary.json``.
+* ``hh_rlhf_tiny_paper.yaml``: the paper's protocol (400 iterations) in the tiny world.
+
+``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo,
+sft); it applies its loss settings over the preset. Precedence: field defaults < method < YAML < command line.
+Any RGPOConfig / GRPOConfig / ModelConfig field can be set. The default output directory is
+``runs/hh_rlhf_qwen/<preset>-<method>``. Per-iteration metrics go to ``<output_dir>/metrics.jsonl`` (and
+``metrics.csv``), the window averages the paper reports to ``summary.json``. The console shows a progress bar and
+a compact table every ``table_every`` iterations; ``--log_level info`` prints TRL's per-step metric dicts too.
+It ends like TRL's ``grpo.py``: the model and its card (``README.md``, tagged ``rgpo``) in ``output_dir``, and
+with ``--push_to_hub`` both pushed (refused up front when the hub is offline).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from trl import ScriptArguments
 
+logger = logging.getLogger("rgpo_trl.recipe")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 TINY_PREFIX = "tiny-hh/"  # `tiny-hh/<asset>` in a preset names an asset of the embedded tiny-HH world
 
 
 @dataclass
-class HHScriptArguments:
-    """Recipe arguments (data, reward model, preset, method, evaluation window)."""
+class HHScriptArguments(ScriptArguments):
+    """The recipe's own arguments (world, method, data, reward model, evaluation); TRL's `ScriptArguments` fields
+    (``dataset_train_split``, ``dataset_test_split``, ...) keep their meaning."""
 
-    preset: str = field(
-        default="tiny",
+    world: str = field(
+        default="hh",
         metadata={
-            "help": "Preset: recipes/configs/hh_rlhf_<preset>.yaml ('tiny' or 'paper'); a --config replaces it."
+            "help": "'hh': Anthropic HH-RLHF and its reward model, no gold score; 'tiny': the embedded tiny-HH world "
+            "(`tiny-hh/<asset>` paths, built once and cached) whose gold score is logged next to the reward."
         },
     )
     method: str = field(
@@ -64,7 +75,6 @@ class HHScriptArguments:
     dataset_data_dir: str | None = field(
         default="helpful-base", metadata={"help": "data_dir of the hub dataset (the helpful subset)."}
     )
-    dataset_split: str = field(default="train", metadata={"help": "Split to take prompts from."})
     max_prompt_length: int = field(
         default=256,
         metadata={"help": "Prompts longer than this (in tokens, chat template applied) are dropped."},
@@ -99,10 +109,9 @@ class HHScriptArguments:
     heldout_dataset_name: str | None = field(
         default=None,
         metadata={
-            "help": "Held-out prompts for the end-of-run evaluation (default: dataset_name, heldout_split)."
+            "help": "Held-out prompts for the end-of-run evaluation (default: dataset_name, dataset_test_split)."
         },
     )
-    heldout_split: str = field(default="test", metadata={"help": "Split of the held-out prompts."})
     save_final_model: bool = field(
         default=True, metadata={"help": "Save the trained model to output_dir (suites keep only metrics)."}
     )
@@ -137,6 +146,13 @@ class HHScriptArguments:
             "(window_start < iteration <= window_end), the last iteration included."
         },
     )
+    table_every: int = field(
+        default=10,
+        metadata={
+            "help": "Console: a compact table row (reward, KL_ref, KL_old, kl_coef, gate, gold) every N iterations; "
+            "0 none. TRL's per-step metric dicts are printed only with --log_level info (or debug)."
+        },
+    )
     train_eval_prompts: int | None = field(
         default=None,
         metadata={
@@ -146,50 +162,29 @@ class HHScriptArguments:
     )
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    """The value of ``--name X`` / ``--name=X`` in argv (the last one), without parsing anything else."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == f"--{name}" and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(f"--{name}="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
-def _config_and_method(argv: list[str]) -> tuple[list[str], str, str, dict]:
-    """Turn ``--preset NAME`` into ``--config recipes/configs/hh_rlhf_NAME.yaml`` and read ``--method`` (CLI, else
-    the YAML): the method decides the config class, so it is known before the one parse."""
-    argv = list(argv)
-    if "--config" in argv and _flag(argv, "preset") is not None:
-        raise ValueError("give either --preset or --config (a preset is a config file), not both")
+def config_name(argv: list[str]) -> str:
+    """The name of the ``--config`` YAML (``hh_rlhf_tiny_paper.yaml`` -> ``tiny_paper``), found as TrlParser finds
+    it: the default output directory is per config file, so two presets never share one."""
     if "--config" not in argv:
-        preset = _flag(argv, "preset") or "tiny"
-        path = CONFIG_DIR / f"hh_rlhf_{preset}.yaml"
-        if not path.is_file():
-            known = sorted(p.stem.removeprefix("hh_rlhf_") for p in CONFIG_DIR.glob("hh_rlhf_*.yaml"))
-            raise ValueError(
-                f"preset must be one of {known} (recipes/configs/hh_rlhf_<preset>.yaml), got {preset!r}"
-            )
-        argv += ["--config", str(path)]
-    config_path = argv[argv.index("--config") + 1]
-    with open(config_path) as f:
-        from_yaml = yaml.safe_load(f) or {}
-    method = _flag(argv, "method") or from_yaml.get("method", "rgpo")
-    return argv, from_yaml.get("preset") or Path(config_path).stem, method, from_yaml
+        return "default"
+    path = Path(argv[argv.index("--config") + 1])
+    if not path.is_file():
+        known = sorted(p.stem.removeprefix("hh_rlhf_") for p in CONFIG_DIR.glob("hh_rlhf_*.yaml"))
+        raise ValueError(f"config file {str(path)!r} not found; the presets are recipes/configs/hh_rlhf_<name>.yaml "
+                         f"for <name> in {', '.join(known)}")  # fmt: skip
+    return path.stem.removeprefix("hh_rlhf_")
 
 
-def check_hub_ids(argv: list[str], from_yaml: dict) -> None:
+def check_hub_ids(script_args, model_args) -> None:
     """Fail before anything is built (a paper config without a GPU fails on bf16 first) when a hub id of the
     model, reward model or dataset cannot be loaded, e.g. offline without a local copy."""
     from rgpo_trl.rlhf.hub_access import ensure_loadable
 
-    for name, kind in (
-        ("model_name_or_path", "model"),
-        ("reward_model_name_or_path", "model"),
-        ("dataset_name", "dataset"),
+    for value, kind in (
+        (model_args.model_name_or_path, "model"),
+        (script_args.reward_model_name_or_path, "model"),
+        (script_args.dataset_name, "dataset"),
     ):
-        value = _flag(argv, name) or from_yaml.get(name)
         if value and not value.startswith(TINY_PREFIX) and not value.endswith((".json", ".jsonl")):
             ensure_loadable(value, kind)
 
@@ -222,20 +217,27 @@ def resolve_tiny_assets(script_args, model_args) -> None:
 
 
 def parse_args(argv: list[str] | None = None, check_hub: bool = True):
-    """One TrlParser parse into (script_args, training_args, model_args); the method's loss settings are its
-    defaults, the preset YAML and the command line override them. With ``check_hub`` hub ids are checked
-    (fail fast offline) before anything is built."""
+    """(script_args, training_args, model_args) from TrlParser's ``parse_args_and_config`` (YAML via ``--config``).
+    The method decides the config class, so a first pass reads the script's own fields (and the model's, to check
+    hub ids before anything is built); the second parses everything with the method's loss settings as defaults,
+    which the YAML and the command line override: field defaults < method < YAML < command line."""
     from trl import ModelConfig, TrlParser
 
     from rgpo_trl.rlhf.methods import get_rlhf_method
 
-    argv, preset, method_name, from_yaml = _config_and_method(sys.argv[1:] if argv is None else argv)
-    method = get_rlhf_method(method_name)
-    if check_hub:
-        check_hub_ids(argv, from_yaml)
-    parser = TrlParser((HHScriptArguments, method.config_class, ModelConfig))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    run_name = config_name(argv)
+    first, model_first, _ = TrlParser((HHScriptArguments, ModelConfig), add_help=False).parse_args_and_config(
+        args=argv, return_remaining_strings=True
+    )
+    method = get_rlhf_method(first.method)
+    if first.world not in WORLDS:
+        raise ValueError(f"world must be one of {sorted(WORLDS)}, got {first.world!r}")
+    if check_hub and not {"-h", "--help"} & set(argv):  # --help is printed by the second parse, offline too
+        check_hub_ids(first, model_first)
+    parser = make_parser(method.config_class)
     parser.set_defaults(
-        **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{preset}-{method.name}"
+        **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{run_name}-{method.name}"
     )
     if method.online:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
@@ -247,11 +249,6 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
         script_args.unused_preset_settings = dict(
             zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True)
         )
-    script_args.preset = preset  # the preset's name (its YAML's `preset`, else the file name)
-    if script_args.method != method.name:
-        raise ValueError(
-            f"--method was read as {method.name!r} before parsing but parsed as {script_args.method!r}"
-        )
     if model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path is required")
     for name in ("heldout_samples", "validation_samples", "validation_every"):
@@ -261,8 +258,42 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
         raise ValueError(
             f"validation_prompts must be >= 0 (0 disables), got {script_args.validation_prompts}"
         )
+    if training_args.push_to_hub:
+        refuse_offline_push(training_args)
     resolve_tiny_assets(script_args, model_args)
     return script_args, training_args, model_args
+
+
+WORLDS = {"hh", "tiny"}
+DESCRIPTION = """RGPO (and the paper's baselines) on Anthropic HH-RLHF with a pairwise DeBERTa reward model.
+
+Run a preset: --config recipes/configs/hh_rlhf_{tiny,tiny_paper,paper}.yaml; pick the loss with --method (rgpo,
+rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo, sft). The recipe's own options come first below, then TRL's
+GRPOConfig / RGPOConfig fields (RGPO's: gate, gate_params, ratio_mode, kl_controller, kl_coef, kl_target,
+kl_coef_min, kl_coef_max, beta) and ModelConfig's (PEFT: --use_peft --lora_r 16)."""
+
+
+def make_parser(config_class):
+    """The recipe's TrlParser: a description at the top of --help, the script's own fields first."""
+    from trl import ModelConfig, TrlParser
+
+    usage = ("accelerate launch [--config_file recipes/accelerate_configs/<launch>.yaml] recipes/hh_rlhf_qwen.py "
+             "--config recipes/configs/hh_rlhf_<preset>.yaml [--method METHOD] [--<field> VALUE ...]")  # fmt: skip
+    return TrlParser((HHScriptArguments, config_class, ModelConfig), usage=usage, description=DESCRIPTION,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+
+
+def refuse_offline_push(training_args) -> None:
+    """``--push_to_hub`` needs the hub: refused before training when it is offline (the model card is still
+    written to output_dir at the end)."""
+    from rgpo_trl.rlhf.hub_access import hub_offline
+
+    if hub_offline("model"):
+        raise ValueError(
+            "push_to_hub=True but the Hugging Face Hub is offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): the "
+            f"model and its card are saved to {training_args.output_dir!r} only. Unset the offline variables and "
+            "log in (`hf auth login`) to push, or drop --push_to_hub."
+        )
 
 
 def evaluate_prompts(
@@ -273,7 +304,7 @@ def evaluate_prompts(
     from rgpo_trl.rlhf.evaluation import evaluate_policy, repeat_prompts
 
     gold_fn = None
-    if script_args.preset == "tiny":
+    if script_args.world == "tiny":
         from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
     result = evaluate_policy(model, tokenizer, repeat_prompts(prompts, samples), reward_model, ref_model=ref_model,
                              gold_fn=gold_fn, **sampling)  # fmt: skip
@@ -336,14 +367,14 @@ def write_heldout(model, ref_model, tokenizer, script_args, output_dir, reward_m
         script_args,
         reward_model,
         name,
-        script_args.heldout_split,
+        script_args.dataset_test_split,
         sampling,
         script_args.heldout_prompts,
         script_args.heldout_samples,
     )
     with open(os.path.join(output_dir, "heldout.json"), "w") as f:
         json.dump(result, f, indent=2)
-    print(f"[rgpo-trl] held-out: {json.dumps(result)}")
+    logger.info("held-out: %s", json.dumps(result))
     return result
 
 
@@ -362,7 +393,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     method = get_rlhf_method(script_args.method)
     unused = script_args.unused_preset_settings
     if state.is_main_process and unused:
-        print(f"[rgpo-trl] {script_args.method} does not read these settings: {unused}")
+        logger.info("%s does not read these settings: %s", script_args.method, unused)
     info: dict = {}
     if state.num_processes > 1 and script_args.validation_prompts:
         raise ValueError(
@@ -375,7 +406,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     validation_prompts: list = []
     if script_args.validation_prompts:  # the same validation prompts as the online methods, out of training
         with state.main_process_first():
-            prompts, _ = load_hh_helpful_prompts(script_args.dataset_name, script_args.dataset_split, tokenizer,
+            prompts, _ = load_hh_helpful_prompts(script_args.dataset_name, script_args.dataset_train_split, tokenizer,
                                                  script_args.max_prompt_length, data_dir=script_args.dataset_data_dir)  # fmt: skip
         _, validation_prompts = split_validation(prompts, script_args)
     if method.trainer_class is None:  # the initial policy, evaluated as it is (its own reference: KL_ref = 0)
@@ -390,7 +421,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
                 json.dump({"iterations": [0], "expected_iterations": [0], **result}, f, indent=2)
     else:
         with state.main_process_first():
-            pairs, stats = load_hh_preference_pairs(script_args.dataset_name, script_args.dataset_split, tokenizer,
+            pairs, stats = load_hh_preference_pairs(script_args.dataset_name, script_args.dataset_train_split, tokenizer,
                                                     script_args.max_prompt_length,
                                                     data_dir=script_args.dataset_data_dir)  # fmt: skip
         if validation_prompts:
@@ -412,13 +443,12 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         if validation is not None:
             trainer.add_callback(validation)
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        if script_args.save_final_model:
-            trainer.save_model(training_args.output_dir)
+        finish(trainer, script_args, training_args)
         model, ref_model = trainer.accelerator.unwrap_model(trainer.model), trainer.ref_model
         device = trainer.accelerator.device
         info.update(pairs=len(pairs), optimizer_steps=trainer.state.global_step)
     if state.num_processes > 1:
-        print(f"[rgpo-trl] the {method.name} evaluation runs in single-process runs only; skipped")
+        logger.warning("the %s evaluation runs in single-process runs only; skipped", method.name)
         return {}
     reward_model.to(device)
     n_train = (
@@ -427,7 +457,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         else script_args.train_eval_prompts
     )
     summary = evaluate_on(model, ref_model, tokenizer, script_args, reward_model, script_args.dataset_name,
-                          script_args.dataset_split, sampling, n_train)  # fmt: skip
+                          script_args.dataset_train_split, sampling, n_train)  # fmt: skip
     summary.update(method=script_args.method, world_size=state.num_processes, **info, unused_settings=unused,
                    evaluated_on="training prompts, one sample each" + (" after training" if info.get("pairs") else ""))  # fmt: skip
     os.makedirs(training_args.output_dir, exist_ok=True)
@@ -437,7 +467,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         write_heldout(
             model, ref_model, tokenizer, script_args, training_args.output_dir, reward_model, sampling
         )
-    print(f"[rgpo-trl] {script_args.method}: {json.dumps(summary)}")
+    logger.info("%s: %s", script_args.method, json.dumps(summary))
     return summary
 
 
@@ -457,16 +487,50 @@ def init_distributed_for_cpu_deepspeed() -> bool:
     return True
 
 
+def setup_logging(training_args) -> None:
+    """The recipe logs through `logging` (``[rgpo-trl] ...`` on the main process); transformers and TRL at the
+    run's ``--log_level``; their deprecation notices about gradient checkpointing, a feature the recipe never
+    sets, are silenced."""
+    import warnings
+
+    import transformers
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("[rgpo-trl] %(message)s"))
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO if training_args.should_log else logging.WARNING)
+    transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*", category=FutureWarning)
+
+
+def verbose_console(training_args) -> bool:
+    """TRL's per-step metric dicts on the console: only when asked for with --log_level info/debug."""
+    return training_args.log_level in ("info", "debug")
+
+
+def finish(trainer, script_args, training_args) -> None:
+    """End like TRL's grpo.py: save the model and write its card (README.md, tagged rgpo) to output_dir; push both
+    with --push_to_hub (refused offline before training, see `refuse_offline_push`)."""
+    if script_args.save_final_model:
+        trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        trainer.create_model_card(dataset_name=script_args.dataset_name)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+
 def main(argv: list[str] | None = None) -> dict:
     init_distributed_for_cpu_deepspeed()
     script_args, training_args, model_args = parse_args(argv)
+    setup_logging(training_args)
 
     from accelerate import PartialState
     from transformers import AutoTokenizer
     from trl import get_peft_config
 
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
-    from rgpo_trl.rlhf.methods import IterationMetricsWriter, get_rlhf_method
+    from rgpo_trl.rlhf.methods import IterationMetricsWriter, get_rlhf_method, quiet_console
     from rgpo_trl.rlhf.rewards import load_pairwise_reward
     from rgpo_trl.trainer import optimizer_steps_per_iteration
 
@@ -477,7 +541,7 @@ def main(argv: list[str] | None = None) -> dict:
     with state.main_process_first():
         dataset, stats = load_hh_helpful_prompts(
             script_args.dataset_name,
-            script_args.dataset_split,
+            script_args.dataset_train_split,
             tokenizer,
             script_args.max_prompt_length,
             data_dir=script_args.dataset_data_dir,
@@ -486,7 +550,7 @@ def main(argv: list[str] | None = None) -> dict:
     if script_args.max_train_prompts is not None:
         dataset = dataset.select(range(min(script_args.max_train_prompts, len(dataset))))
     if state.is_main_process:
-        print(f"[rgpo-trl] prompts: {json.dumps(stats.as_dict())}; training on {len(dataset)}")
+        logger.info("prompts: %s; training on %d", json.dumps(stats.as_dict()), len(dataset))
 
     reward_model = load_pairwise_reward(
         script_args.reward_model_name_or_path,
@@ -494,7 +558,7 @@ def main(argv: list[str] | None = None) -> dict:
         max_length=script_args.reward_max_length,
     )
     reward_funcs, reward_weights = [reward_model], [1.0]
-    if script_args.preset == "tiny":
+    if script_args.world == "tiny":
         from rgpo_trl.tiny_hh import gold_reward_func  # noqa: I001
 
         # The generator's gold quality score, logged as rewards/gold/mean with weight 0 (never
@@ -536,11 +600,10 @@ def main(argv: list[str] | None = None) -> dict:
         reward_model.model = prepare_deepspeed(reward_model.model, trainer.accelerator)
     else:
         reward_model.to(trainer.accelerator.device)
-    trainer.add_callback(
-        IterationMetricsWriter(
-            training_args.output_dir, steps_per_iteration, window, method, state.num_processes
-        )
-    )
+    trainer.add_callback(IterationMetricsWriter(training_args.output_dir, steps_per_iteration, window, method,
+                                                state.num_processes, table_every=script_args.table_every))  # fmt: skip
+    if not verbose_console(training_args):
+        quiet_console(trainer)
     sampling = {"max_new_tokens": training_args.max_completion_length, "temperature": training_args.temperature,
                 "seed": training_args.seed}  # fmt: skip
     validation = validation_callback(script_args, training_args, tokenizer, validation_prompts, reward_model,
@@ -548,16 +611,13 @@ def main(argv: list[str] | None = None) -> dict:
     if validation is not None:
         trainer.add_callback(validation)
     if state.is_main_process:
-        print(
-            f"[rgpo-trl] {script_args.method} ({script_args.preset} preset): {n_iters} iterations x "
-            f"{steps_per_iteration} optimizer steps, {state.num_processes} process(es), "
-            f"metrics -> {training_args.output_dir}/metrics.jsonl"
-        )
+        logger.info("%s (%s world): %d iterations x %d optimizer steps, %d process(es), metrics -> %s/metrics.jsonl",
+                    script_args.method, script_args.world, n_iters, steps_per_iteration, state.num_processes,
+                    training_args.output_dir)  # fmt: skip
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    if script_args.save_final_model:
-        trainer.save_model(training_args.output_dir)
+    finish(trainer, script_args, training_args)
     if script_args.heldout_prompts > 0 and state.num_processes > 1:
-        print("[rgpo-trl] held-out evaluation runs in single-process runs only; skipped")
+        logger.warning("held-out evaluation runs in single-process runs only; skipped")
     elif script_args.heldout_prompts > 0:
         write_heldout(
             trainer.accelerator.unwrap_model(trainer.model),

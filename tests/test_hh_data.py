@@ -189,7 +189,7 @@ def test_offline_uncached_dataset_id_fails_fast(monkeypatch):
     msg = str(e.value)
     assert (
         "rgpo-trl-test/definitely-not-cached-dataset" in msg
-        and "--preset tiny" in msg
+        and "--config recipes/configs/hh_rlhf_tiny.yaml" in msg
         and "local path" in msg
     )
 
@@ -211,7 +211,9 @@ def test_offline_env_in_fresh_process_no_hang():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert (
-        "ERR:" in out.stdout and "Qwen/Qwen2.5-1.5B-Instruct" in out.stdout and "--preset tiny" in out.stdout
+        "ERR:" in out.stdout
+        and "Qwen/Qwen2.5-1.5B-Instruct" in out.stdout
+        and "--config recipes/configs/hh_rlhf_tiny.yaml" in out.stdout
     )
     assert time.time() - t0 < 60
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,15 @@ recipe = _load_recipe()
 
 def _parse_paper(tmp_path, *extra):
     # bf16 needs a GPU; --use_cpu lets the paper's config be built (and checked) on this CPU machine
-    argv = ["--preset", "paper", "--use_cpu", "true", "--output_dir", str(tmp_path), *extra]
+    argv = [
+        "--config",
+        str(ROOT / "recipes/configs/hh_rlhf_paper.yaml"),
+        "--use_cpu",
+        "true",
+        "--output_dir",
+        str(tmp_path),
+        *extra,
+    ]
     return recipe.parse_args(argv, check_hub=False)
 
 
@@ -40,7 +49,10 @@ def test_paper_preset_resolves_to_the_papers_hyperparameters(tmp_path):
     assert model.model_name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert script.reward_model_name_or_path == "OpenAssistant/reward-model-deberta-v3-large-v2"
     assert script.dataset_name == "Anthropic/hh-rlhf" and script.dataset_data_dir == "helpful-base"
-    assert script.dataset_split == "train"
+    assert (
+        script.dataset_train_split == "train" and script.dataset_test_split == "test" and script.world == "hh"
+    )
+    assert train.output_dir == str(tmp_path)
     assert train.per_device_train_batch_size // train.num_generations == 4  # 4 prompts
     assert train.num_generations == 4  # K = 4 completions per prompt
     assert train.gradient_accumulation_steps == 1
@@ -98,13 +110,19 @@ def test_cli_and_yaml_override_the_preset(tmp_path):
         str(tmp_path),
     ]
     script, train, _ = recipe.parse_args(argv, check_hub=False)
-    assert script.preset == "paper" and train.learning_rate == 5e-7 and train.make_gate().k == 4.0
+    assert script.world == "hh" and train.learning_rate == 5e-7 and train.make_gate().k == 4.0
     assert train.max_completion_length == 256  # the rest of the preset is kept
 
 
-@pytest.mark.parametrize("bad", [["--method", "trpo"], ["--preset", "huge"]])
+@pytest.mark.parametrize(
+    "bad",
+    [["--method", "trpo"], ["--config", "recipes/configs/hh_rlhf_huge.yaml"], ["--world", "mars"]],
+    ids=["method", "config", "world"],
+)
 def test_bad_preset_or_method_is_refused(tmp_path, bad):
-    with pytest.raises(ValueError, match="method|preset"):
+    with pytest.raises(
+        ValueError, match="method must|config file .* not found.*paper, tiny, tiny_paper|world must"
+    ):
         recipe.parse_args(bad + ["--output_dir", str(tmp_path)], check_hub=False)
 
 
@@ -128,22 +146,32 @@ def test_expected_launch_configs_exist():
 def test_hub_id_offline_fails_before_training_with_actionable_message(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     proc = subprocess.run(
-        [sys.executable, str(RECIPE), "--preset", "paper", "--output_dir", str(tmp_path / "out")],
+        [
+            sys.executable,
+            str(RECIPE),
+            "--config",
+            str(ROOT / "recipes/configs/hh_rlhf_paper.yaml"),
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode != 0
-    assert "Qwen/Qwen2.5-1.5B-Instruct" in proc.stderr and "--preset tiny" in proc.stderr
+    assert (
+        "Qwen/Qwen2.5-1.5B-Instruct" in proc.stderr
+        and "--config recipes/configs/hh_rlhf_tiny.yaml" in proc.stderr
+    )
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def _tiny_argv(assets, out, method, iterations=2, extra=()):
     """The tiny preset on exactly the fixture's assets (same cache root, quick variant)."""
     return [
-        "--preset",
-        "tiny",
+        "--config",
+        str(ROOT / "recipes/configs/hh_rlhf_tiny.yaml"),
         "--tiny_quick",
         "--cache_dir",
         str(assets_cache_root(assets)),
@@ -166,8 +194,16 @@ def _tiny_argv(assets, out, method, iterations=2, extra=()):
 
 
 @pytest.mark.parametrize("method", ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"])
-def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method):
-    summary = recipe.main(_tiny_argv(quick_assets, tmp_path, method))
+def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method, capsys):
+    summary = recipe.main(_tiny_argv(quick_assets, tmp_path, method, extra=("--table_every", "1")))
+    console = capsys.readouterr().out
+    assert (
+        "'loss'" not in console and "{'" not in console
+    )  # no per-step metric dicts: the compact table instead
+    assert re.search(r"iteration +reward +kl_ref", console) and "window 1-2" in console
+    card = (tmp_path / "README.md").read_text()  # the model card, written offline
+    if method.startswith("rgpo"):
+        assert "- rgpo" in card and "sun2025rgpo" in card
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["iteration"] for r in rows] == [1, 1, 2, 2]
     generation_rows = rows[::2]
@@ -278,3 +314,38 @@ def test_sft_baseline_is_the_initial_policy_through_the_same_evaluation(tmp_path
     assert (summary["reward"], summary["gold"]) == pytest.approx((direct["reward"], direct["gold"]))
     heldout = json.loads((tmp_path / "heldout.json").read_text())
     assert heldout["kl_ref"] == 0.0 and heldout["prompts"] == 8
+
+
+def test_presets_have_their_own_world_and_default_output_directory():
+    """`world` is a field of the YAML, not the file name; the default output directory is per preset file, so the
+    tiny and tiny_paper presets no longer share one."""
+    seen = {}
+    for name, world in (("tiny", "tiny"), ("tiny_paper", "tiny"), ("paper", "hh")):
+        config = str(ROOT / "recipes" / "configs" / f"hh_rlhf_{name}.yaml")
+        script, train, _ = recipe.parse_args(["--config", config, "--use_cpu", "true", "--bf16", "false"],
+                                             check_hub=False)  # fmt: skip
+        assert script.world == world and train.output_dir == f"runs/hh_rlhf_qwen/{name}-rgpo"
+        seen[name] = train.output_dir
+    assert len(set(seen.values())) == 3
+
+
+def test_help_starts_with_the_description_and_the_scripts_own_options():
+    from rgpo_trl import RGPOConfig
+
+    text = recipe.make_parser(RGPOConfig).format_help()
+    head = text[: text.index("--output_dir")]
+    assert "RGPO (and the paper's baselines) on Anthropic HH-RLHF" in text[:600]
+    for option in ("--world", "--method", "--validation_prompts", "--table_every"):
+        assert option in head, option  # before TRL's training arguments
+
+
+def test_push_to_hub_is_refused_offline_before_anything_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = str(ROOT / "recipes" / "configs" / "hh_rlhf_tiny.yaml")
+    with pytest.raises(
+        ValueError, match=r"push_to_hub=True but the Hugging Face Hub is offline .* drop --push_to_hub"
+    ):
+        recipe.parse_args(
+            ["--config", config, "--push_to_hub", "true", "--output_dir", str(tmp_path)], check_hub=False
+        )
+    assert not any(tmp_path.iterdir())

@@ -197,6 +197,6 @@ def test_offline_uncached_model_id_fails_fast(monkeypatch):
     with pytest.raises(HubUnavailableError) as e:
         PairwiseRewardModel("OpenAssistant/reward-model-deberta-v3-large-v2")
     assert time.time() - t0 < 10
-    assert "OpenAssistant/reward-model-deberta-v3-large-v2" in str(e.value) and "--preset tiny" in str(
+    assert "OpenAssistant/reward-model-deberta-v3-large-v2" in str(
         e.value
-    )
+    ) and "--config recipes/configs/hh_rlhf_tiny.yaml" in str(e.value)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -37,10 +38,13 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
 
 from ..core import clamp_log_ratio, kl_ref_estimate
 from ..trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
+
+logger = logging.getLogger("rgpo_trl.recipe")
 
 
 class ReferenceKLMonitor:
@@ -200,6 +204,7 @@ class IterationMetricsWriter(TrainerCallback):
         window: tuple[int, int],
         method: RLHFMethod,
         world_size: int = 1,
+        table_every: int = 0,
     ):
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self.csv_path = os.path.join(output_dir, "metrics.csv")
@@ -208,7 +213,9 @@ class IterationMetricsWriter(TrainerCallback):
         self.window = window
         self.method = method
         self.world_size = world_size
+        self.table_every = table_every  # a compact table row every N iterations (0: none), for the console
         self.rows: list[dict[str, Any]] = []
+        self._printed_header = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -231,6 +238,14 @@ class IterationMetricsWriter(TrainerCallback):
         self.rows.append(row)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        iteration_done = state.global_step % self.steps_per_iteration == 0
+        if self.table_every and iteration_done and row["iteration"] % self.table_every == 0:
+            rows = [r for r in self.rows if r["iteration"] == row["iteration"]]
+            header, line = format_table(rows, {}, self.window, self.method.metric_columns).split("\n")[:2]
+            if not self._printed_header:
+                logger.info(header)
+                self._printed_header = True
+            logger.info(line)
 
     def on_train_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -241,7 +256,7 @@ class IterationMetricsWriter(TrainerCallback):
         summary.update(method=self.method.name, world_size=self.world_size)
         with open(self.summary_path, "w") as f:
             json.dump(summary, f, indent=2)
-        print(format_table(rows, summary, self.window, self.method.metric_columns))
+        logger.info("\n%s", format_table(rows, summary, self.window, self.method.metric_columns))
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
@@ -303,3 +318,21 @@ def format_table(
 register_rlhf_method(RLHFMethod("dpo", DPOTrainer, DPOConfig, {"beta": 0.1}, online=False))
 # The initial (SFT) policy, evaluated with the same code and no training: the baseline a method must beat.
 register_rlhf_method(RLHFMethod("sft", None, DPOConfig, {}, online=False))
+
+
+class QuietProgressCallback(ProgressCallback):
+    """transformers' progress bar without its per-step metric dicts (35 keys every step): the recipe's console
+    shows the bar and `IterationMetricsWriter`'s compact table; every metric still goes to metrics.jsonl and the
+    ``report_to`` loggers."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass
+
+
+def quiet_console(trainer) -> None:
+    """Swap the trainer's console callback (the progress bar, or the printer under ``disable_tqdm``) for
+    `QuietProgressCallback` (or nothing)."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    if not trainer.args.disable_tqdm:
+        trainer.add_callback(QuietProgressCallback)

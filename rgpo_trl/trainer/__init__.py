@@ -6,7 +6,7 @@ from .trl_version import check_trl_version
 
 check_trl_version(trl.__version__)
 
-from .config import RGPOConfig  # noqa: E402, micro_batches_per_iteration, optimizer_steps_per_iteration
+from .config import RGPOConfig, micro_batches_per_iteration, optimizer_steps_per_iteration  # noqa: E402
 from .ppo_rlhf import PPORLHFConfig, PPORLHFTrainer  # noqa: E402
 from .trainer import RGPOTrainer  # noqa: E402
 
