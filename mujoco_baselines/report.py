@@ -445,6 +445,213 @@ def status_md(runs) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------------- studies
+# Issue 24's three questions, read with one code path: each study is a set of arms (a method and the suites /
+# variants / seeds its runs come from), one reference arm, and the environments. Fixed before the runs.
+@dataclass(frozen=True)
+class Arm:
+    label: str
+    method: str
+    sources: tuple[tuple[str, str], ...]  # (suite, variant) pairs pooled into this arm
+    seeds: tuple[int, ...] | None = None  # None: every seed found
+
+    def runs(self, runs, env):
+        return [r for r in runs if r.final and r.env == env and r.method == self.method
+                and (r.suite, r.variant) in self.sources and (self.seeds is None or r.cfg["seed"] in self.seeds)]  # fmt: skip
+
+
+ANNEALED = (("main", "default"), ("annealed5", "default"))
+STUDIES = {
+    "annealed": {
+        "title": "PPO vs RGPO, CleanRL defaults (learning rate annealed), 5 seeds (main's 0-2 + annealed5's 3-4)",
+        "envs": ENVS,
+        "arms": (Arm("ppo", "ppo", ANNEALED), Arm("rgpo", "rgpo", ANNEALED)),
+    },
+    "constant_lr": {
+        "title": "PPO vs RGPO with a constant learning rate (the paper's likely setting), seeds 0-4",
+        "envs": ENVS,
+        "arms": (
+            Arm("ppo", "ppo", (("constant_lr", "constant_lr"),)),
+            Arm("rgpo", "rgpo", (("constant_lr", "constant_lr"),)),
+        ),  # fmt: skip
+    },
+    "kl_budget": {
+        "title": "Gate or budget? RGPO at larger KL targets, PPO with a KL early stop (0.03), seeds 0-2",
+        "envs": ["Ant-v4", "HalfCheetah-v4"],
+        "arms": (
+            Arm("ppo", "ppo", ANNEALED, (0, 1, 2)),
+            Arm("ppo, target_kl 0.03", "ppo", (("kl_budget", "targetkl0.03"),)),
+            Arm("rgpo, target 0.02", "rgpo", ANNEALED, (0, 1, 2)),
+            Arm("rgpo, target 0.05", "rgpo", (("kl_budget", "target0.05"),)),
+            Arm("rgpo, target 0.1", "rgpo", (("kl_budget", "target0.1"),)),
+        ),
+    },
+}
+
+
+def welch_two_sided(a, b) -> tuple[float, float, float]:
+    """Two-sided Welch t-test of mean(a) != mean(b): (t, Welch-Satterthwaite df, p); nan below 2 runs a side."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) < 2 or len(b) < 2:
+        return float("nan"), float("nan"), float("nan")
+    res = stats.ttest_ind(a, b, equal_var=False)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(res.statistic), float(df), float(res.pvalue)
+
+
+def _eval(r) -> float:
+    return float(r.final.get("eval_return_mean", float("nan")))
+
+
+def study_table(runs, study: dict) -> list[dict]:
+    """Per environment and arm: n, training return (last 100 episodes) and deterministic-evaluation return as
+    mean, sample std and n; mean KL; against the reference arm (the first): relative difference and two-sided
+    Welch t / df / p for both returns."""
+    rows = []
+    for env in study["envs"]:
+        ref = study["arms"][0].runs(runs, env)
+        for arm in study["arms"]:
+            rs = arm.runs(runs, env)
+            train, ev = [r.final_return for r in rs], [v for v in map(_eval, rs) if np.isfinite(v)]
+            ref_train, ref_eval = (
+                [r.final_return for r in ref],
+                [v for v in map(_eval, ref) if np.isfinite(v)],
+            )
+            row = {"env": env, "arm": arm.label, "n": len(rs), "seeds": sorted(r.cfg["seed"] for r in rs),
+                   "train": mean_std(train), "eval": mean_std(ev),
+                   "kl": float(pd.concat([r.metrics["kl"] for r in rs]).mean()) if rs else float("nan")}  # fmt: skip
+            if arm is not study["arms"][0]:
+                row["train_vs_ref"] = welch_two_sided(train, ref_train)
+                row["eval_vs_ref"] = welch_two_sided(ev, ref_eval)
+                ref_mean, ref_std, _ = mean_std(ref_train)
+                row["train_diff"] = row["train"][0] / ref_mean - 1 if ref_train else float("nan")
+                row["std_ratio"] = row["train"][1] / ref_std if len(ref_train) > 1 else float("nan")
+            rows.append(row)
+    return rows
+
+
+def normalised_scores(runs, study: dict, key=lambda r: r.final_return) -> dict[str, dict[str, np.ndarray]]:
+    """arm -> env -> each run's score divided by |mean of the reference arm's runs| in that environment."""
+    out: dict[str, dict[str, np.ndarray]] = {a.label: {} for a in study["arms"]}
+    for env in study["envs"]:
+        ref = np.array([key(r) for r in study["arms"][0].runs(runs, env)], float)
+        ref = ref[np.isfinite(ref)]
+        if not len(ref) or ref.mean() == 0:
+            continue
+        for arm in study["arms"]:
+            x = np.array([key(r) for r in arm.runs(runs, env)], float)
+            x = x[np.isfinite(x)]
+            if len(x):
+                out[arm.label][env] = x / abs(ref.mean())
+    return out
+
+
+def study_aggregate(runs, study: dict, n_boot=2000, key=lambda r: r.final_return) -> dict:
+    """IQM of reference-normalised scores per arm and P(arm > reference), with stratified-bootstrap 95% CIs."""
+    scores = normalised_scores(runs, study, key)
+    ref_label = study["arms"][0].label
+    out = {}
+    for arm in study["arms"]:
+        per_env = scores[arm.label]
+        if not per_env:
+            continue
+        groups = [(v,) for v in per_env.values()]
+        stat = lambda gs: iqm(np.concatenate([g[0] for g in gs]))  # noqa: E731
+        entry = {
+            "iqm": stat(groups),
+            "iqm_ci95": stratified_bootstrap_ci(groups, stat, n_boot),
+            "n": sum(map(len, per_env.values())),
+        }
+        pairs = [(per_env[e], scores[ref_label][e]) for e in per_env if e in scores[ref_label]]
+        if arm.label != ref_label and pairs:
+            pstat = lambda gs: float(np.mean([probability_of_improvement(x, y) for x, y in gs]))  # noqa: E731
+            entry["p_improvement"] = pstat(pairs)
+            entry["p_improvement_ci95"] = stratified_bootstrap_ci(pairs, pstat, n_boot)
+        out[arm.label] = entry
+    return out
+
+
+def _p(x) -> str:
+    return "" if not np.isfinite(x) else f"{x:.3f}"
+
+
+def study_md(runs, study: dict, n_boot=2000) -> str:
+    rows = study_table(runs, study)
+    lines = [study["title"] + ". Mean ± sample std (n); Welch two-sided against the first arm.", "",
+             "| env | arm | n | training return | evaluation return | mean KL | vs ref (training) | std / ref std | Welch t / df / p (training) | Welch t / df / p (evaluation) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        wt = r.get("train_vs_ref", (np.nan,) * 3)
+        we = r.get("eval_vs_ref", (np.nan,) * 3)
+        diff = r.get("train_diff", np.nan)
+        lines.append(
+            f"| {r['env']} | {r['arm']} | {r['n']} | {_fmt(*r['train'])} | {_fmt(*r['eval'])} | "
+            f"{r['kl']:.4f} | {'' if not np.isfinite(diff) else f'{diff:+.0%}'} | {_p(r.get('std_ratio', np.nan))} | "
+            f"{'' if not np.isfinite(wt[0]) else f'{wt[0]:.2f} / {wt[1]:.1f} / {wt[2]:.3f}'} | "
+            f"{'' if not np.isfinite(we[0]) else f'{we[0]:.2f} / {we[1]:.1f} / {we[2]:.3f}'} |"
+        )
+    for name, key in (("training return", lambda r: r.final_return), ("evaluation return", _eval)):
+        agg = study_aggregate(runs, study, n_boot, key)
+        if not agg:
+            continue
+        lines += ["", f"Aggregate over environments, {name} normalised by the first arm's mean per environment "
+                  "(IQM and P(arm > first arm) with stratified-bootstrap 95% CIs):", "",
+                  "| arm | runs | IQM | 95% CI | P(arm > first arm) | 95% CI |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for label, e in agg.items():
+            pi = e.get("p_improvement")
+            lines.append(f"| {label} | {e['n']} | {e['iqm']:.3f} | {e['iqm_ci95'][0]:.3f}-{e['iqm_ci95'][1]:.3f} | "
+                         + ("" if pi is None else f"{pi:.3f} | {e['p_improvement_ci95'][0]:.3f}-{e['p_improvement_ci95'][1]:.3f}")
+                         + (" |" if pi is not None else " |  |"))  # fmt: skip
+    return "\n".join(lines)
+
+
+def study_figures(runs, out) -> list[str]:
+    """Per study: a performance profile (share of runs whose normalised training return exceeds tau) and the
+    return-vs-movement figure (each run's return against its cumulative sqrt(KL_final), one panel per
+    environment): do the arms differ at equal movement?"""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, study in STUDIES.items():
+        if not any(a.runs(runs, e) for a in study["arms"] for e in study["envs"]):
+            continue
+        scores = normalised_scores(runs, study)
+        fig, ax = plt.subplots(figsize=(5, 3.4))
+        taus = np.linspace(0, 2, 201)
+        for arm in study["arms"]:
+            x = np.concatenate(list(scores[arm.label].values())) if scores[arm.label] else np.array([])
+            if len(x):
+                ax.plot(taus, [(x > t).mean() for t in taus], label=f"{arm.label} (n={len(x)})")
+        ax.set_xlabel(f"normalised training return tau (1 = {study['arms'][0].label}'s mean)")
+        ax.set_ylabel("fraction of runs > tau")
+        ax.legend(fontsize=7)
+        written.append(_save(fig, out, f"performance_profile_{name}.png"))
+        envs = study["envs"]
+        fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.4), squeeze=False)
+        for j, env in enumerate(envs):
+            ax = axes[0, j]
+            for k, arm in enumerate(study["arms"]):
+                for i, r in enumerate(arm.runs(runs, env)):
+                    move = np.cumsum(np.sqrt(np.clip(r.metrics["kl_final"].to_numpy(), 0, None)))
+                    ax.plot(move, r.metrics["return_last100"], color=f"C{k}", lw=0.8, alpha=0.7,
+                            label=arm.label if i == 0 else None)  # fmt: skip
+            ax.set_title(env, fontsize=9)
+            ax.set_xlabel("cumulative sqrt(KL_final)")
+            if j == 0:
+                ax.set_ylabel("return (last 100 episodes)")
+            ax.legend(fontsize=6)
+        written.append(
+            _save(
+                fig, out, f"return_vs_movement_{name}.png" if name != "annealed" else "return_vs_movement.png"
+            )
+        )
+    return written
+
+
 # ----------------------------------------------------------------------------------------------- figures
 def _plot_mean_band(ax, rs, key, label, log):
     """Mean ± sample std of metric `key` over the runs `rs` (cut to the shortest), against environment steps; on
@@ -570,7 +777,10 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
     b_t.to_csv(os.path.join(out, "beta0.csv"), index=False)
     with open(os.path.join(out, "aggregate.json"), "w") as f:
         json.dump(agg, f, indent=2)
-    figs = figures(runs, out) if plots else []
+    figs = (figures(runs, out) + study_figures(runs, out)) if plots else []
+    studies = {name: study_table(runs, study) for name, study in STUDIES.items()}
+    with open(os.path.join(out, "studies.json"), "w") as f:
+        json.dump(studies, f, indent=2)
     sections = [
         ("Runs", status_md(runs)),
         ("Final return at 1M steps (paper Table main_results)", main_returns_md(main_t)),
@@ -582,6 +792,7 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
         ("beta0 and target (paper Ablation F)", b_md),
         ("Long horizon, HalfCheetah-v4 (paper Table longhorizon)", long_md(long_rows)),
         ("The PPO-KL question", ppo_kl_md(runs)),
+        *((f"When does RGPO help? {name}", study_md(runs, study, n_boot)) for name, study in STUDIES.items()),
     ]
     md = ["# MuJoCo results vs the paper", "",
           f"Command: `python mujoco_baselines/report.py {results} --out {out}`. Statistics as in the report's "

@@ -190,3 +190,43 @@ def test_long_horizon_table_welch_and_figure(tmp_path):
     out = str(tmp_path / "report")
     report.build_report(root, out, n_boot=50)
     assert os.path.getsize(os.path.join(out, "curves_long.png")) > 0
+
+
+def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
+    """The 'annealed' study pools main's seeds 0-2 with annealed5's 3-4; training and evaluation returns, Welch
+    two-sided against scipy, the std ratio, and the aggregate IQM / probability of improvement by hand."""
+    root = str(tmp_path / "results")
+    ppo, rgpo = [100.0, 200.0, 300.0, 260.0, 240.0], [150.0, 250.0, 100.0, 400.0, 330.0]
+    for seed in range(5):
+        suite = "main" if seed < 3 else "annealed5"
+        for method, value in (("ppo", ppo[seed]), ("rgpo", rgpo[seed])):
+            write_run(root, suite, "Hopper-v4", method, seed, value, [0.02, 0.03])
+            if suite == "annealed5":  # only the new runs have a deterministic evaluation
+                path = os.path.join(
+                    root, suite, f"Hopper-v4__{method}__default__s{seed}__1000k", "final.json"
+                )
+                json.dump({"final_return": value, "eval_return_mean": 2 * value}, open(path, "w"))
+    write_run(root, "annealed5", "Ant-v4", "ppo", 3, 50.0, [0.01], finished=False)  # running: not counted
+    runs = report.load_runs(root)
+    rows = {
+        r["arm"]: r for r in report.study_table(runs, report.STUDIES["annealed"]) if r["env"] == "Hopper-v4"
+    }
+    assert rows["ppo"]["n"] == 5 and rows["rgpo"]["seeds"] == [0, 1, 2, 3, 4]
+    assert rows["rgpo"]["train"] == pytest.approx((np.mean(rgpo), np.std(rgpo, ddof=1), 5))
+    assert rows["rgpo"]["eval"] == pytest.approx((2 * np.mean(rgpo[3:]), 2 * np.std(rgpo[3:], ddof=1), 2))
+    ref = stats.ttest_ind(rgpo, ppo, equal_var=False)
+    t, df, p = rows["rgpo"]["train_vs_ref"]
+    assert (t, p) == pytest.approx((ref.statistic, ref.pvalue)) and 4 < df < 8
+    assert rows["rgpo"]["std_ratio"] == pytest.approx(np.std(rgpo, ddof=1) / np.std(ppo, ddof=1))
+    assert rows["rgpo"]["train_diff"] == pytest.approx(np.mean(rgpo) / np.mean(ppo) - 1)
+    agg = report.study_aggregate(runs, report.STUDIES["annealed"], n_boot=200)
+    norm = np.array(rgpo) / np.mean(ppo)
+    assert agg["rgpo"]["iqm"] == pytest.approx(stats.trim_mean(norm, 0.25))
+    pairs = [(x > y) + 0.5 * (x == y) for x in rgpo for y in ppo]
+    assert agg["rgpo"]["p_improvement"] == pytest.approx(np.mean(pairs))
+    lo, hi = agg["rgpo"]["iqm_ci95"]
+    assert lo <= agg["rgpo"]["iqm"] <= hi
+    text = report.build_report(root, str(tmp_path / "out"), n_boot=50)
+    assert "When does RGPO help? annealed" in text and "| Ant-v4 | ppo | 0 | not run |" in text
+    assert os.path.exists(tmp_path / "out" / "return_vs_movement.png")
+    assert os.path.exists(tmp_path / "out" / "performance_profile_annealed.png")
