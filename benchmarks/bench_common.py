@@ -11,9 +11,6 @@ import sys
 from types import ModuleType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(
-    0, os.path.join(ROOT, "mujoco_baselines")
-)  # the scripts import their sibling compiled_update.py
 
 
 def load_script(method: str) -> ModuleType:

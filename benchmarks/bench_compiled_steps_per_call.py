@@ -25,7 +25,8 @@ STEPS_PER_CALL = [1, 2, 4, 8]
 
 def measure(step: str, width: int, rounds: int, T: int = 2048, mb: int = 64) -> dict:
     import torch
-    from compiled_update import CompiledAdamStep
+
+    from mujoco_baselines.compiled_update import CompiledAdamStep
 
     torch.set_num_threads(1)
     # dynamo counts the graphs of _pure_steps over all CompiledAdamStep objects of a process (a script has one)

@@ -32,7 +32,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
 ENVS = ["Hopper-v4", "Walker2d-v4", "HalfCheetah-v4", "Ant-v4"]
 
 
@@ -188,7 +187,7 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
             o = hid @ w3.T
             x @ w1.T, hid @ w2.T, o.T @ hid, o @ w3, gh.T @ hid, gh @ w2, gh.T @ x
 
-    from compiled_update import CompiledAdamStep
+    from mujoco_baselines.compiled_update import CompiledAdamStep
 
     # the scripts' --compile step (in-place Adam, gradient statistics) from the same start
     twin = copy.deepcopy(shadow)

@@ -163,9 +163,8 @@ def update_microbench(args):
     """Alternating blocks of full PPO / RGPO mini-batch steps on identical data and networks."""
     import torch
 
-    sys.path.insert(0, os.path.join(ROOT, "mujoco_baselines"))
-    import ppo_continuous_action as ppo_mod
-    import rgpo_continuous_action as rgpo_mod
+    from mujoco_baselines import ppo_continuous_action as ppo_mod
+    from mujoco_baselines import rgpo_continuous_action as rgpo_mod
 
     torch.set_num_threads(1)
     out = {}

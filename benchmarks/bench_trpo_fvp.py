@@ -56,9 +56,9 @@ def measure(width: int, rounds: int, n: int = 2048) -> dict:
         if variant.startswith("rebuild"):
             fvp = rebuilt
         elif variant == "retained":
-            fvp = script.fisher_vector_product(kl_fn(), params, args.cg_damping)
+            fvp = script.fisher_vector_product(agent, obs, kl_fn(), params, args.cg_damping)
         else:
-            fvp = script.gauss_newton_fvp(agent, obs, args.cg_damping)
+            fvp = script.gauss_newton_fvp(agent, obs, None, params, args.cg_damping)
         step_dir = script.conjugate_gradient(fvp, -grad, args.cg_iters)
         return step_dir, step_dir.dot(fvp(step_dir))
 

@@ -1,16 +1,15 @@
 """`--compile` for the four scripts: one mini-batch update as a single `torch.compile`d function.
 
 The scripts' eager mini-batch step (`loss.backward()`, `clip_grad_norm_`, `torch.optim.Adam.step()`) is ~250
-small ATen calls; at width 256 their dispatch costs ~4.5x the step's matrix products
+small ATen calls whose dispatch costs more than the step's matrix products at the paper's width
 (benchmarks/results/mujoco_profile.md). Here the same step is one pure function, `torch.func.grad` of the
 script's own mini-batch loss, then the gradient statistics, the global-norm clip and Adam written out as
 torch computes them, that inductor fuses into a few kernels. Parameters and Adam moments are updated in place,
 in the agent's parameters and in the `torch.optim.Adam` object's state, so rollouts, checkpoints and resume
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
 step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
-Speed: benchmarks/results/mujoco_compile.md (the update halves at width 256; with the scripts' --compile rollout,
-1.87-1.92x end to end at width 256 and 2.17-2.47x at width 64 in the latest run); learning outcomes over seeds:
-the grid suite compile_equiv, read by benchmarks/compile_equivalence.py.
+Speed: benchmarks/results/mujoco_compile.md; learning outcomes over seeds: the grid suite compile_equiv, read by
+benchmarks/compile_equivalence.py.
 """
 
 from __future__ import annotations
@@ -93,9 +92,8 @@ class CompiledAdamStep:
     def run(self, batches: Sequence[tuple]) -> Iterator[tuple]:
         """`(loss, aux, grad_sq)` of each batch in turn: the same updates as calling the step on each (bit for bit
         with torch 2.13), made `steps_per_call` per compiled call, so a call's fixed cost (dynamo's guards,
-        inductor's Python wrapper, the bookkeeping here) is paid once per 4 steps: an epoch 1.04x faster for PPO's
-        step and 1.16x for TRPO's value step at width 256, 1.42x / 1.56x at width 64, for a cold compile about 2x
-        as long (benchmarks/results/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite
+        inductor's Python wrapper, the bookkeeping here) is paid once per 4 steps, for a longer cold compile
+        (benchmarks/results/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite
         loss stops the updates after that call's steps."""
         for i in range(0, len(batches), self.steps_per_call):
             yield from self._call(batches[i : i + self.steps_per_call])
@@ -167,3 +165,42 @@ def check_compiler() -> None:
             f"ERROR: --compile needs a C++ compiler for torch.compile's CPU backend ({err}); install one "
             "(e.g. g++) or set CXX, or run without --compile (the eager update is the same algorithm)"
         ) from err
+
+
+# TRPO's fast path: the Fisher-vector products in closed form for the Gaussian policy of common.Agent.
+def gauss_newton_fvp(agent, obs, kl, params, damping):
+    """v -> (F + damping I) v in closed form, F the Fisher information of pi_old on `obs` (--compile's path).
+
+    At pi_old the Hessian of the mean KL is F = J^T diag(exp(-2 logstd)) J / N on actor_mean's parameters (J: the
+    Jacobian of the mean over the batch) and 2 I on actor_logstd (no cross terms). J v is pushed forward and
+    J^T u pulled back through actor_mean's activations at pi_old, computed once: the same products as
+    `fisher_vector_product` up to float rounding, without rebuilding or re-differentiating a graph (speed:
+    benchmarks/results/trpo_fvp.md)."""
+    l0, _, l1, _, l2 = agent.actor_mean
+    w1, w2 = l1.weight.detach(), l2.weight.detach()
+    with torch.no_grad():
+        h1 = torch.tanh(l0(obs))
+        h2 = torch.tanh(l1(h1))
+        dtanh1, dtanh2 = 1 - h1 * h1, 1 - h2 * h2
+        precision = torch.exp(-2 * agent.actor_logstd) / obs.shape[0]
+
+    def fvp(v):
+        dw0, db0, dw1, db1, dw2, db2, dlogstd = (
+            t.view_as(p) for t, p in zip(v.split([p.numel() for p in params]), params, strict=True)
+        )
+        dh1 = dtanh1 * torch.addmm(db0, obs, dw0.T)  # J v, layer by layer
+        dh2 = dtanh2 * torch.addmm(db1, h1, dw1.T).addmm_(dh1, w1.T)
+        u = torch.addmm(db2, h2, dw2.T).addmm_(dh2, w2.T) * precision
+        g2 = (u @ w2) * dtanh2  # J^T u, layer by layer
+        g1 = (g2 @ w1) * dtanh1
+        return (
+            torch.cat(
+                [
+                    t.reshape(-1)
+                    for t in (g1.T @ obs, g1.sum(0), g2.T @ h1, g2.sum(0), u.T @ h2, u.sum(0), 2 * dlogstd)
+                ]
+            )
+            + damping * v
+        )
+
+    return fvp

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -431,8 +430,7 @@ def ppo_kl_md(runs) -> str:
 
 
 def status_md(runs) -> str:
-    sys.path.insert(0, HERE)
-    from grid import SUITES
+    from mujoco_baselines.grid import SUITES
 
     have = {(r.suite, r.name): r for r in runs}
     lines = ["| suite | runs | finished | in progress | not started |", "|---|---|---|---|---|"]

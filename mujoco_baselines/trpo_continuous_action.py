@@ -5,27 +5,29 @@
 # update (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
-import platform
-import random
-import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-import gymnasium as gym
-import mujoco
-import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 import tyro
-from compiled_update import CompiledAdamStep, check_compiler
-from evaluation import EVAL_SEED_OFFSET, eval_summary, evaluate, write_eval_csv
 
 import rgpo_trl
+from mujoco_baselines.common import (
+    Agent,
+    CheckpointError,
+    MujocoEnv,
+    NonFiniteLossError,
+    Rollout,
+    Run,
+    UpdateStep,
+    check_finite,
+    gradient_variance,
+    iteration_metrics,
+    seed_everything,
+)
+from mujoco_baselines.compiled_update import gauss_newton_fvp
 
 
 @dataclass
@@ -138,272 +140,6 @@ class Args:
 
 
 # --------------------------------------------------------------------------------------------- #
-# Environment: one gymnasium env, no vector wrapper. Resets are explicit (no autoreset, so no fake
-# transitions), normalisation is done here with the same update rules as gymnasium's wrappers,
-# and episode returns are the raw, unnormalised rewards.
-# --------------------------------------------------------------------------------------------- #
-SQRT2 = math.sqrt(2.0)
-
-
-class RunningMeanStd:
-    """Running mean/var, the parallel update of gymnasium.wrappers.utils.RunningMeanStd (count 1)."""
-
-    def __init__(self, shape=(), epsilon=1e-4):
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = epsilon
-
-    def update_one(self, x):
-        delta = x - self.mean
-        tot = self.count + 1.0
-        self.mean = self.mean + delta / tot
-        self.var = (self.var * self.count + delta * delta * (self.count / tot)) / tot
-        self.count = tot
-
-
-class MujocoEnv:
-    def __init__(self, args: Args):
-        self.env = gym.make(args.env_id)
-        assert isinstance(self.env.action_space, gym.spaces.Box), "only continuous action spaces"
-        assert isinstance(self.env.observation_space, gym.spaces.Box), "only Box observations"
-        self.obs_dim = int(np.prod(self.env.observation_space.shape))
-        self.act_dim = int(np.prod(self.env.action_space.shape))
-        self.low, self.high = self.env.action_space.low, self.env.action_space.high
-        self.norm_obs, self.norm_reward = args.norm_obs, args.norm_reward
-        self.obs_clip, self.reward_clip, self.gamma = args.obs_clip, args.reward_clip, args.gamma
-        self.obs_rms = RunningMeanStd((self.obs_dim,))
-        self.ret_rms = RunningMeanStd(())
-        self.discounted = 0.0
-        self.ep_return, self.ep_length = 0.0, 0
-
-    def _obs(self, obs):
-        obs = np.asarray(obs, np.float64).reshape(-1)
-        if self.norm_obs:
-            self.obs_rms.update_one(obs)
-            obs = np.clip(
-                (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8), -self.obs_clip, self.obs_clip
-            )
-        return obs
-
-    def reset(self, seed=None):
-        obs, _ = self.env.reset(seed=seed)
-        if seed is not None:
-            self.env.action_space.seed(seed)
-        self.ep_return, self.ep_length = 0.0, 0
-        return self._obs(obs)
-
-    def step(self, action):
-        """-> (normalised next obs, scaled reward, done, finished episode (return, length) or None)."""
-        obs, reward, terminated, truncated, _ = self.env.step(np.clip(action, self.low, self.high))
-        reward = float(reward)
-        self.ep_return += reward
-        self.ep_length += 1
-        if self.norm_reward:
-            # gymnasium NormalizeReward: the discounted return is only reset on termination
-            self.discounted = self.discounted * self.gamma * (1.0 - float(terminated)) + reward
-            self.ret_rms.update_one(self.discounted)
-            reward = reward / math.sqrt(self.ret_rms.var + 1e-8)
-            reward = min(max(reward, -self.reward_clip), self.reward_clip)
-        done = terminated or truncated
-        episode = None
-        if done:
-            episode = (self.ep_return, self.ep_length)
-            obs, _ = self.env.reset()
-            self.ep_return, self.ep_length = 0.0, 0
-        return self._obs(obs), reward, done, episode
-
-    def close(self):
-        self.env.close()
-
-    def _time_limit(self):
-        env = self.env
-        while not isinstance(env, gym.wrappers.TimeLimit):
-            env = env.env
-        return env
-
-    def state_dict(self) -> dict:
-        """Normalisation statistics, the episode in progress and the simulator state (mj_getState with
-        mjSTATE_INTEGRATION: positions, velocities, controls, solver warm-start), so a resumed run
-        continues the same episode bit for bit."""
-        u = self.env.unwrapped
-        sim = np.empty(mujoco.mj_stateSize(u.model, mujoco.mjtState.mjSTATE_INTEGRATION))
-        mujoco.mj_getState(u.model, u.data, sim, mujoco.mjtState.mjSTATE_INTEGRATION)
-        return {
-            "obs_rms": [torch.from_numpy(self.obs_rms.mean.copy()), torch.from_numpy(self.obs_rms.var.copy()),
-                        self.obs_rms.count],
-            "ret_rms": [float(self.ret_rms.mean), float(self.ret_rms.var), self.ret_rms.count],
-            "discounted": self.discounted,
-            "episode": [self.ep_return, self.ep_length, self._time_limit()._elapsed_steps],
-            "sim": torch.from_numpy(sim),
-            "np_random": u.np_random.bit_generator.state,
-        }  # fmt: skip
-
-    def load_state_dict(self, state: dict) -> None:
-        u = self.env.unwrapped
-        mean, var, self.obs_rms.count = state["obs_rms"]
-        self.obs_rms.mean, self.obs_rms.var = mean.numpy().copy(), var.numpy().copy()
-        mean, var, self.ret_rms.count = state["ret_rms"]
-        self.ret_rms.mean, self.ret_rms.var = np.float64(mean), np.float64(var)
-        self.discounted = state["discounted"]
-        self.ep_return, self.ep_length, self._time_limit()._elapsed_steps = state["episode"]
-        mujoco.mj_setState(u.model, u.data, state["sim"].numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
-        u.np_random.bit_generator.state = state["np_random"]
-
-
-# --------------------------------------------------------------------------------------------- #
-# Checkpoints: what a run needs to continue exactly where it stopped (networks, optimiser, the
-# environment with its normalisation statistics and simulator state, RNG states, episode counters,
-# method state). Saved atomically every `checkpoint_every` iterations, loaded with
-# torch.load(weights_only=True); a checkpoint of another configuration or an unreadable one is refused.
-# --------------------------------------------------------------------------------------------- #
-RESUME_FREE_ARGS = {
-    "output_dir",
-    "run_name",
-    "tensorboard",
-    "verbose",
-    "checkpoint_every",
-    "checkpoint_dir",
-    "resume",
-    "keep_checkpoint",
-    "eval_episodes",  # evaluation reads the run and changes nothing in it
-    "eval_every",
-    "compile",  # both modes keep the same state (compiled_update.py), so either may continue a run
-}
-
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-def checkpoint_args(args: Args) -> dict:
-    return {k: v for k, v in asdict(args).items() if k not in RESUME_FREE_ARGS}
-
-
-def rng_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(tuple(state["python"]))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-
-
-def save_checkpoint(path: str, checkpoint: dict) -> None:
-    torch.save(checkpoint, path + ".tmp")
-    os.replace(path + ".tmp", path)  # atomic: an interrupted save leaves the previous checkpoint intact
-
-
-def load_checkpoint(path: str, args: Args) -> dict:
-    """The checkpoint at `path`, checked (readable, complete, same configuration) before anything is loaded."""
-    try:
-        checkpoint = torch.load(path, weights_only=True)
-    except Exception as err:
-        raise CheckpointError(
-            f"checkpoint {path} cannot be read ({err}); delete it to restart the run"
-        ) from err
-    missing = {"args", "progress", "rng", "next_obs"} - set(
-        checkpoint if isinstance(checkpoint, dict) else {}
-    )
-    if missing:
-        raise CheckpointError(
-            f"checkpoint {path} is incomplete (missing {sorted(missing)}); delete it to restart"
-        )
-    saved, current = checkpoint["args"], checkpoint_args(args)
-    diff = [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in sorted(set(saved) | set(current))
-            if saved.get(k) != current.get(k)]  # fmt: skip
-    if diff:
-        raise CheckpointError(
-            f"checkpoint {path} was written with another configuration ({'; '.join(diff)}); "
-            "run with the same arguments, or delete the checkpoint to restart"
-        )
-    return checkpoint
-
-
-def run_info() -> dict:
-    """Machine, package versions and the git commit, written next to every run's results."""
-    try:
-        root = os.path.dirname(os.path.abspath(__file__))
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {
-        "git_commit": commit,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "gymnasium": gym.__version__,
-        "mujoco": mujoco.__version__,
-    }
-
-
-def layer_init(layer, std=SQRT2, bias_const=0.0, ortho=True):
-    if ortho:
-        torch.nn.init.orthogonal_(layer.weight, std)
-        torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-class Agent(nn.Module):
-    def __init__(self, obs_dim, act_dim, args: Args):
-        super().__init__()
-        h, o = args.hidden_size, args.ortho_init
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, h), ortho=o),
-            nn.Tanh(),
-            layer_init(nn.Linear(h, h), ortho=o),
-            nn.Tanh(),
-            layer_init(nn.Linear(h, 1), std=1.0, ortho=o),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, h), ortho=o),
-            nn.Tanh(),
-            layer_init(nn.Linear(h, h), ortho=o),
-            nn.Tanh(),
-            layer_init(nn.Linear(h, act_dim), std=0.01, ortho=o),
-        )
-        self.actor_logstd = nn.Parameter(torch.full((act_dim,), float(args.init_logstd)))
-
-    def mean_action(self, x):
-        """actor_mean(x) as F.linear / tanh on the same weights, without the nn.Module calls (the rollout's
-        per-step path; bit-identical to actor_mean)."""
-        l0, _, l2, _, l4 = self.actor_mean
-        h = torch.tanh(F.linear(x, l0.weight, l0.bias))
-        h = torch.tanh(F.linear(h, l2.weight, l2.bias))
-        return F.linear(h, l4.weight, l4.bias)
-
-    def numpy_mean_action(self):
-        """actor_mean as a numpy function on views of the same weights (`W @ x + b`, tanh; they follow every
-        in-place update): the same function with other kernels, so other float rounding. --compile's rollout
-        step; rollouts 1.5-1.7x faster than with mean_action at width 256 (benchmarks/results/mujoco_rollout.md)."""
-        (w0, b0), (w1, b1), (w2, b2) = [(lin.weight.detach().numpy(), lin.bias.detach().numpy())
-                                        for lin in self.actor_mean[::2]]  # fmt: skip
-        return lambda x: w2 @ np.tanh(w1 @ np.tanh(w0 @ x + b0) + b1) + b2
-
-    def policy_parameters(self):
-        return [*self.actor_mean.parameters(), self.actor_logstd]
-
-    def log_prob(self, mean, action):
-        """Diagonal-Gaussian log-density of `action`, summed over action dims."""
-        z = (action - mean) * torch.exp(-self.actor_logstd)
-        return -0.5 * (z * z).sum(-1) - (
-            self.actor_logstd.sum() + 0.5 * mean.shape[-1] * math.log(2 * math.pi)
-        )
-
-    def entropy(self):
-        return self.actor_logstd.sum() + 0.5 * self.actor_logstd.numel() * (1.0 + math.log(2 * math.pi))
-
-
-# --------------------------------------------------------------------------------------------- #
 # Method-specific part: the TRPO step.
 # --------------------------------------------------------------------------------------------- #
 def trpo_policy_loss(newlogprob, oldlogprob, advantages):
@@ -429,12 +165,12 @@ def set_flat_(params, vector):
         i += p.numel()
 
 
-def fisher_vector_product(kl, params, damping):
+def fisher_vector_product(agent, obs, kl, params, damping):
     """v -> (H + damping I) v, H the Hessian of `kl` (the mean KL to pi_old at pi_old: the Fisher information).
 
     The KL gradient's graph is built once and each product differentiates through it again: the same products
-    bit for bit as rebuilding it per product, and conjugate gradient 1.52x faster at width 256 (one backward per
-    CG iteration instead of a forward and two backwards; benchmarks/results/trpo_fvp.md)."""
+    bit for bit as rebuilding it per product, with one backward per CG iteration instead of a forward and two
+    backwards (speed: benchmarks/results/trpo_fvp.md)."""
     kl_grad = flat(torch.autograd.grad(kl, params, create_graph=True))
 
     def fvp(v):
@@ -460,40 +196,7 @@ def conjugate_gradient(fvp, b, iters, tol=1e-10):
     return x
 
 
-def gauss_newton_fvp(agent, obs, damping):
-    """v -> (F + damping I) v in closed form, F the Fisher information of pi_old on `obs` (--compile's path).
-
-    At pi_old the Hessian of the mean KL is F = J^T diag(exp(-2 logstd)) J / N on actor_mean's parameters (J: the
-    Jacobian of the mean over the batch) and 2 I on actor_logstd (no cross terms). J v is pushed forward and
-    J^T u pulled back through actor_mean's activations at pi_old, computed once: the same products as
-    `fisher_vector_product` up to float rounding, without rebuilding or re-differentiating a graph; conjugate
-    gradient 1.86x faster at width 256 than with it (benchmarks/results/trpo_fvp.md)."""
-    l0, _, l1, _, l2 = agent.actor_mean
-    params = agent.policy_parameters()
-    w1, w2 = l1.weight.detach(), l2.weight.detach()
-    with torch.no_grad():
-        h1 = torch.tanh(l0(obs))
-        h2 = torch.tanh(l1(h1))
-        dtanh1, dtanh2 = 1 - h1 * h1, 1 - h2 * h2
-        precision = torch.exp(-2 * agent.actor_logstd) / obs.shape[0]
-
-    def fvp(v):
-        dw0, db0, dw1, db1, dw2, db2, dlogstd = (
-            t.view_as(p) for t, p in zip(v.split([p.numel() for p in params]), params, strict=True)
-        )
-        dh1 = dtanh1 * torch.addmm(db0, obs, dw0.T)  # J v, layer by layer
-        dh2 = dtanh2 * torch.addmm(db1, h1, dw1.T).addmm_(dh1, w1.T)
-        u = torch.addmm(db2, h2, dw2.T).addmm_(dh2, w2.T) * precision
-        g2 = (u @ w2) * dtanh2  # J^T u, layer by layer
-        g1 = (g2 @ w1) * dtanh1
-        return (
-            flat([g1.T @ obs, g1.sum(0), g2.T @ h1, g2.sum(0), u.T @ h2, u.sum(0), 2 * dlogstd]) + damping * v
-        )
-
-    return fvp
-
-
-def trpo_step(agent, params, obs, actions, oldlogprob, advantages, args, closed_form_fisher=False):
+def trpo_step(agent, params, obs, actions, oldlogprob, advantages, args, make_fvp=fisher_vector_product):
     """One natural-gradient step with a backtracking line search that enforces KL <= max_kl.
 
     One forward of the policy per evaluation gives both the surrogate and the KL. Returns (surrogate loss
@@ -512,11 +215,8 @@ def trpo_step(agent, params, obs, actions, oldlogprob, advantages, args, closed_
     logp = logp.detach()
     if not torch.isfinite(loss):
         return loss, None, None, None, logp
-    grad = flat(torch.autograd.grad(loss, params, retain_graph=not closed_form_fisher))
-    if closed_form_fisher:
-        fvp = gauss_newton_fvp(agent, obs, args.cg_damping)
-    else:
-        fvp = fisher_vector_product(kl, params, args.cg_damping)
+    grad = flat(torch.autograd.grad(loss, params, retain_graph=True))  # the autograd products reuse the graph
+    fvp = make_fvp(agent, obs, kl, params, args.cg_damping)
     step_dir = conjugate_gradient(fvp, -grad, args.cg_iters)
     shs = 0.5 * step_dir.dot(fvp(step_dir))
     del fvp, kl, mean  # frees the KL graph before the line search
@@ -552,51 +252,13 @@ def value_minibatch_loss(agent, mb_obs, mb_returns, mb_values, args):
 STAT_NAMES = ["kl", "ess", "trpo_kl", "step_frac", "linesearch_evals"]
 
 
-class NonFiniteLossError(FloatingPointError):
-    pass
-
-
-def check_finite(loss, pg_loss, v_loss, iteration, epoch, minibatch):
-    if not torch.isfinite(loss):
-        raise NonFiniteLossError(
-            f"non-finite loss at iteration {iteration} (epoch {epoch}, mini-batch {minibatch}): "
-            f"policy_loss={pg_loss.item()}, value_loss={v_loss.item()}; stopping instead of training on garbage"
-        )
-
-
 def main(args: Args) -> dict:
     args.batch_size = args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
     assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
     assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
-    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join(args.output_dir, run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    os.makedirs(args.checkpoint_dir or run_dir, exist_ok=True)
-    ckpt_path = os.path.join(args.checkpoint_dir or run_dir, "checkpoint.pt")
-    checkpoint = load_checkpoint(ckpt_path, args) if args.resume and os.path.exists(ckpt_path) else None
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        info = run_info()
-        json.dump({**asdict(args), "run_name": run_name, **info}, f, indent=2)
-    writer = None
-    if args.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
-
-        # on resume, events logged after the checkpoint are discarded (they are recomputed)
-        writer = SummaryWriter(
-            run_dir, purge_step=None if checkpoint is None else checkpoint["progress"]["global_step"] + 1
-        )
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()),
-        )
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.torch_threads)
+    run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
+    seed_everything(args)
 
     env = MujocoEnv(args)
     agent = Agent(env.obs_dim, env.act_dim, args)
@@ -604,109 +266,30 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     policy_params = agent.policy_parameters()
     n_policy_params = sum(p.numel() for p in policy_params)
-
-    # the value mini-batch loss of the eager and the --compile step
-    def loss_fn(agent, *batch):
-        return value_minibatch_loss(agent, *batch, args=args)
-
-    compiled_step = None
-    if args.compile:
-        check_compiler()
-        compiled_step = CompiledAdamStep(
-            agent, optimizer, loss_fn, list(agent.critic.parameters()), args.max_grad_norm
-        )
-
-    # storage (torch tensors sharing memory with numpy views for the per-step writes)
+    # chosen here, once: the Fisher-vector products (autograd, or --compile's closed form) and the value step
+    # (eager, or --compile's compiled function)
+    make_fvp = gauss_newton_fvp if args.compile else fisher_vector_product
+    current = {}  # the iteration's TRPO surrogate, for the non-finite-loss message of the value steps
+    update = UpdateStep(agent, optimizer, lambda agent, *batch: value_minibatch_loss(agent, *batch, args=args),
+                        agent.critic.parameters(), args.max_grad_norm, fast=args.compile,
+                        check=lambda loss, v_loss, *where: check_finite(loss, current["pg_loss"], v_loss, *where))  # fmt: skip
+    rollout = Rollout(args, env, agent, fast=args.compile)
+    run.restore({"agent": agent, "optimizer": optimizer, "env": env}, rollout)
     T, mb = args.num_steps, args.minibatch_size
-    obs = torch.zeros((T, env.obs_dim))
-    actions = torch.zeros((T, env.act_dim))
-    rewards = np.zeros(T, np.float64)
-    dones = np.zeros(T, np.float64)  # dones[t]: obs[t] is the first observation of a new episode
-    obs_np, actions_np = obs.numpy(), actions.numpy()
-
-    episode_returns, episode_lengths = [], []
-    global_step, start_iteration, resumed_at, commits = 0, 1, [], [info["git_commit"]]
-    start_time = time.time()
-    next_obs = env.reset(seed=args.seed)
-    next_done = 0.0
-    stateful = {"agent": agent, "optimizer": optimizer, "env": env}
-    rows, eval_rows = [], []
-    if checkpoint is not None:
-        missing = set(stateful) - set(checkpoint)
-        if missing:  # checked before anything is loaded
-            raise CheckpointError(
-                f"checkpoint {ckpt_path} has no {sorted(missing)}; delete it to restart the run"
-            )
-        for name, obj in stateful.items():
-            obj.load_state_dict(checkpoint[name])
-        set_rng_state(checkpoint["rng"])
-        progress = checkpoint["progress"]
-        start_iteration, global_step = progress["iteration"] + 1, progress["global_step"]
-        start_time = time.time() - progress["elapsed"]
-        episode_returns, episode_lengths = progress["episode_returns"], progress["episode_lengths"]
-        next_obs, next_done = checkpoint["next_obs"].numpy().copy(), progress["next_done"]
-        resumed_at = [*progress["resumed_at"], progress["iteration"]]
-        commits = list(
-            dict.fromkeys([*progress["commits"], info["git_commit"]])
-        )  # every commit that ran a part
-        eval_rows = progress.get("eval_rows", [])  # checkpoints written before evaluation existed have none
-        rows = progress["rows"]  # the metrics up to the checkpoint, from the checkpoint itself
-        print(f"resumed {run_name} from {ckpt_path} after iteration {progress['iteration']}", flush=True)
-    csv_file, csv_writer, final = open(os.path.join(run_dir, "metrics.csv"), "w", newline=""), None, {}
-    if rows:  # rewrite the rows up to the checkpoint; later ones are recomputed
-        csv_writer = csv.DictWriter(csv_file, fieldnames=list(rows[0]))
-        csv_writer.writeheader()
-        csv_writer.writerows(rows)
-    rows = list(rows)
+    obs, actions = rollout.obs, rollout.actions
     try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
+        for iteration in run.iterations():
             iter_start = time.perf_counter()
             lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
             optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
-            n_episodes_before = len(episode_returns)
+            n_episodes_before = len(rollout.episode_returns)
 
-            # ---- rollout: only the policy mean is evaluated per step; log-probs and values are
-            # computed for the whole batch afterwards (same network, same parameters)
-            noise = torch.randn((T, env.act_dim))
-            with torch.inference_mode():
-                # the noise scaled once per rollout, the mean without module calls, the action written through a
-                # numpy view: the same operations as actor_mean(obs) + std * noise, bit for bit, and a rollout
-                # 1.10x faster at width 256 (benchmarks/results/mujoco_rollout.md)
-                scaled_noise = torch.exp(agent.actor_logstd) * noise
-                numpy_mean = agent.numpy_mean_action() if args.compile else None
-                noise_np = scaled_noise.numpy()
-                for step in range(T):
-                    obs_np[step] = next_obs
-                    dones[step] = next_done
-                    if numpy_mean is None:
-                        action = agent.mean_action(obs[step]).add_(scaled_noise[step]).numpy()
-                    else:  # --compile: the mean in numpy (same function, other rounding)
-                        action = numpy_mean(obs_np[step]) + noise_np[step]
-                    actions_np[step] = action
-                    next_obs, rewards[step], next_done, episode = env.step(action)
-                    if episode is not None:
-                        episode_returns.append(episode[0])
-                        episode_lengths.append(episode[1])
-                        if writer is not None:
-                            writer.add_scalar("charts/episodic_return", episode[0], global_step + step + 1)
-                            writer.add_scalar("charts/episodic_length", episode[1], global_step + step + 1)
-                global_step += T
-                b_values = agent.critic(obs).squeeze(-1)
-                next_value = float(agent.critic(torch.as_tensor(next_obs, dtype=torch.float32)))
-                b_logprobs = agent.log_prob(agent.actor_mean(obs), actions)
+            # ---- rollout
+            b_values, next_value, b_logprobs = rollout.collect(run.writer)
             rollout_time = time.perf_counter() - iter_start
 
-            # ---- GAE (numpy, float64)
-            values_np = b_values.numpy().astype(np.float64)
-            adv_np = np.zeros(T, np.float64)
-            lastgaelam = 0.0
-            for t in reversed(range(T)):
-                if t == T - 1:
-                    nextnonterminal, nextvalues = 1.0 - next_done, next_value
-                else:
-                    nextnonterminal, nextvalues = 1.0 - dones[t + 1], values_np[t + 1]
-                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values_np[t]
-                adv_np[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+            # ---- advantages: GAE (numpy, float64)
+            adv_np, values_np = rollout.advantages(b_values, next_value, args.gamma, args.gae_lambda)
             b_advantages = torch.as_tensor(adv_np, dtype=torch.float32)
             b_returns = torch.as_tensor(adv_np + values_np, dtype=torch.float32)
             b_values, b_logprobs = b_values.clone(), b_logprobs.clone()  # leave inference mode
@@ -719,8 +302,7 @@ def main(args: Args) -> dict:
             # gradient variance (same definition as ppo/rgpo/awr): the policy loss gradient on each
             # mini-batch (advantages normalised per mini-batch), here at pi_old before the step
             perm = torch.randperm(T)
-            g_sum = torch.zeros(n_policy_params)
-            g_sqsum, n_mb = 0.0, 0
+            g_sum, g_sqsum, n_mb = torch.zeros(n_policy_params), 0.0, 0
             for start in range(0, T, mb):
                 idx = perm[start : start + mb]
                 mb_adv = b_advantages[idx]
@@ -735,161 +317,46 @@ def main(args: Args) -> dict:
                 g_sqsum += float(g.dot(g))
                 n_mb += 1
             pg_loss, trpo_kl, step_frac, ls_evals, new_logprob = trpo_step(
-                agent, policy_params, obs, actions, b_logprobs, adv, args, closed_form_fisher=args.compile
+                agent, policy_params, obs, actions, b_logprobs, adv, args, make_fvp
             )
             if trpo_kl is None:
                 raise NonFiniteLossError(
                     f"non-finite loss at iteration {iteration} (TRPO surrogate): policy_loss={pg_loss.item()}; "
                     "stopping instead of training on garbage"
                 )
-            # KL to pi_old / ESS of the accepted step, per mini-batch (definitions in mujoco_baselines/README.md, w = r)
-            stats = []
+            current["pg_loss"] = pg_loss
+            # KL to pi_old / ESS of the accepted step, per mini-batch (definitions in docs/mujoco.md, w = r)
             with torch.no_grad():
                 logratio = new_logprob - b_logprobs
+                stats = []
                 for start in range(0, T, mb):
                     lr_mb = logratio[perm[start : start + mb]]
-                    stats.append(
-                        torch.stack(
-                            [
-                                rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(lr_mb)).mean(),
-                                rgpo_trl.effective_sample_size(lr_mb.exp()),
-                                torch.tensor(trpo_kl),
-                                torch.tensor(step_frac),
-                                torch.tensor(float(ls_evals)),
-                            ]
-                        )
-                    )
+                    stats.append(torch.stack([rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(lr_mb)).mean(),
+                                              rgpo_trl.effective_sample_size(lr_mb.exp()), torch.tensor(trpo_kl),
+                                              torch.tensor(step_frac), torch.tensor(float(ls_evals))]))  # fmt: skip
             losses = []
+            update.begin_iteration()
             epochs_run = 0
             for epoch in range(args.update_epochs):
-                perm = torch.randperm(T)
-                batches = [(obs[idx], b_returns[idx], b_values[idx]) for idx in perm.split(mb)]
-                fast = None if compiled_step is None else compiled_step.run(batches)  # lazy, 4 steps per call
-                for j, batch in enumerate(batches):
-                    if compiled_step is None:  # the eager step
-                        loss, v_loss = loss_fn(agent, *batch)
-                        check_finite(loss, pg_loss, v_loss, iteration, epoch, j)
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                        if args.max_grad_norm > 0:
-                            nn.utils.clip_grad_norm_(agent.critic.parameters(), args.max_grad_norm)
-                        optimizer.step()
-                    else:  # --compile: the same step, made by the compiled function
-                        loss, v_loss, _ = next(fast)
-                        check_finite(loss, pg_loss, v_loss, iteration, epoch, j)  # the run stops
+                batches = [(obs[idx], b_returns[idx], b_values[idx]) for idx in torch.randperm(T).split(mb)]
+                for _loss, v_loss in update.steps(batches, iteration, epoch):
                     losses.append(torch.stack([pg_loss, v_loss.detach()]))
                 epochs_run += 1
             update_time = time.perf_counter() - update_start
             # KL of the iteration's final policy to pi_old over the whole batch (the value epochs leave the policy)
             kl_final = float(rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean())
 
-            # ---- per-iteration metrics (same keys for every method)
+            # ---- logging
             st = torch.stack(stats).double().numpy()
             ls = torch.stack(losses).double().numpy()
-            g_mean = g_sum.double() / n_mb
-            grad_var = max(g_sqsum / n_mb - float(g_mean.dot(g_mean)), 0.0) / n_policy_params
-            var_y = float(np.var(adv_np + values_np))
-            new_eps = episode_returns[n_episodes_before:]
-            iter_time = time.perf_counter() - iter_start
-            kl_mean = float(st[:, 0].mean())
-            row = {
-                "iteration": iteration,
-                "global_step": global_step,
-                "time": time.time() - start_time,
-                "episodic_return": float(np.mean(new_eps)) if new_eps else float("nan"),
-                "return_last100": float(np.mean(episode_returns[-100:])) if episode_returns else float("nan"),
-                "episodes": len(episode_returns),
-                "kl": kl_mean,
-                "kl_max": float(st[:, 0].max()),
-                "spike": int(kl_mean > args.spike_kl),
-                "kl_final": kl_final,
-                "spike_final": int(kl_final > args.spike_kl),
-                "ess": float(st[:, 1].mean()),
-                "grad_var": grad_var,
-                "policy_loss": float(ls[:, 0].mean()),
-                "value_loss": float(ls[:, 1].mean()),
-                "entropy": agent.entropy().item(),
-                "explained_variance": float("nan") if var_y == 0 else 1 - float(np.var(adv_np)) / var_y,
-                "learning_rate": optimizer.param_groups[0]["lr"],
-                "epochs": epochs_run,
-                "iter_time": iter_time,
-                "rollout_time": rollout_time,
-                "update_time": update_time,
-                "SPS": global_step / (time.time() - start_time),
-            }
-            for j, name in enumerate(STAT_NAMES[2:], start=2):
-                row[name] = float(st[:, j].max() if name.endswith("_max") else st[:, j].mean())
-            if csv_writer is None:
-                csv_writer = csv.DictWriter(csv_file, fieldnames=list(row))
-                csv_writer.writeheader()
-            csv_writer.writerow(row)
-            csv_file.flush()
-            rows.append(row)
-            if writer is not None:
-                _write_tensorboard(writer, row, global_step)
-            if args.verbose:
-                print(
-                    f"iter={iteration} step={global_step} return(last100)={row['return_last100']:.1f} "
-                    f"kl={kl_mean:.4f} ess={row['ess']:.3f} SPS={int(row['SPS'])}",
-                    flush=True,
-                )
-            if args.eval_every > 0 and args.eval_episodes > 0 and iteration % args.eval_every == 0:
-                summary = eval_summary(evaluate(env, agent, args))
-                eval_rows.append({"iteration": iteration, "global_step": global_step,
-                                  **{k: summary[k] for k in ("eval_return_mean", "eval_return_std")}})  # fmt: skip
-                write_eval_csv(run_dir, eval_rows)
-            if (
-                args.checkpoint_every > 0
-                and iteration % args.checkpoint_every == 0
-                and iteration < args.num_iterations
-            ):
-                progress = {
-                    "iteration": iteration,
-                    "global_step": global_step,
-                    "elapsed": time.time() - start_time,
-                    "episode_returns": episode_returns,
-                    "episode_lengths": episode_lengths,
-                    "next_done": next_done,
-                    "resumed_at": resumed_at,
-                    "commits": commits,
-                    "rows": rows,
-                    "eval_rows": eval_rows,
-                }
-                save_checkpoint(ckpt_path, {
-                    "args": checkpoint_args(args), "progress": progress, "rng": rng_state(),
-                    "next_obs": torch.from_numpy(np.array(next_obs)),
-                    **{name: obj.state_dict() for name, obj in stateful.items()},
-                })  # fmt: skip
-        last = episode_returns[-100:]
-        final = {
-            "run_name": run_name,
-            "env_id": args.env_id,
-            "method": args.exp_name,
-            "seed": args.seed,
-            "global_step": global_step,
-            "final_return": float(np.mean(last)) if last else float("nan"),
-            "final_return_episodes": len(last),
-            "episodes": len(episode_returns),
-            "wall_time": time.time() - start_time,
-            "SPS": global_step / (time.time() - start_time),
-            "resumed_at_iterations": resumed_at,
-            "git_commits": commits,
-        }
-        if args.eval_episodes > 0:
-            final.update(eval_summary(evaluate(env, agent, args)), eval_seed=args.seed + EVAL_SEED_OFFSET)
-        with open(os.path.join(run_dir, "final.json.tmp"), "w") as f:
-            json.dump(final, f, indent=2)
-        os.replace(
-            os.path.join(run_dir, "final.json.tmp"), os.path.join(run_dir, "final.json")
-        )  # never half-written
-        if not args.keep_checkpoint and os.path.exists(ckpt_path):
-            os.remove(ckpt_path)
+            grad_var = gradient_variance(g_sum, g_sqsum, n_mb, n_policy_params)
+            row = iteration_metrics(args, iteration, rollout, run, agent, optimizer, st, ls, grad_var, adv_np,
+                                    values_np, n_episodes_before, epochs_run, kl_final,
+                                    (iter_start, rollout_time, update_time), STAT_NAMES)  # fmt: skip
+            run.log(iteration, row, agent, env)
+        return run.finish(agent, env)
     finally:
-        csv_file.close()
-        env.close()
-        if writer is not None:
-            writer.close()
-    return final
+        run.close(env)
 
 
 TB_KEYS = {
@@ -905,13 +372,6 @@ TB_KEYS = {
     "explained_variance": "losses/explained_variance",
     "kl": "losses/approx_kl",
 }
-
-
-def _write_tensorboard(writer, row, global_step):
-    for key, value in row.items():
-        if key in ("iteration", "global_step", "time", "episodic_return", "episodes"):
-            continue
-        writer.add_scalar(TB_KEYS.get(key, f"stats/{key}"), value, global_step)
 
 
 if __name__ == "__main__":

@@ -267,11 +267,12 @@ def test_trpo_step_respects_kl_bound(tmp_path):
     adv = torch.randn(512) * 10
     params = agent.policy_parameters()
     start = {k: v.clone() for k, v in agent.state_dict().items()}
-    for closed_form_fisher in (False, True):  # the default and the --compile Fisher-vector products
+    for make_fvp in (
+        module.fisher_vector_product,
+        module.gauss_newton_fvp,
+    ):  # default and --compile's products
         agent.load_state_dict(start)
-        _, kl, frac, _, logp = module.trpo_step(
-            agent, params, obs, actions, oldlogprob, adv, args, closed_form_fisher=closed_form_fisher
-        )
+        _, kl, frac, _, logp = module.trpo_step(agent, params, obs, actions, oldlogprob, adv, args, make_fvp)
         with torch.no_grad():
             mean = agent.actor_mean(obs)
             kl_now = float(module.gaussian_kl(old_mean, old_logstd, mean, agent.actor_logstd).mean())
@@ -302,8 +303,8 @@ def test_trpo_fisher_vector_product_is_the_closed_form_fisher():
         return module.gaussian_kl(old_mean, old_logstd, agent.actor_mean(obs), agent.actor_logstd).mean()
 
     damping = 0.1
-    fvp = module.fisher_vector_product(kl_fn(), params, damping)
-    closed_form = module.gauss_newton_fvp(agent, obs, damping)  # --compile's products
+    fvp = module.fisher_vector_product(agent, obs, kl_fn(), params, damping)
+    closed_form = module.gauss_newton_fvp(agent, obs, None, params, damping)  # --compile's products
     mean_params = params[:-1]
     n_mean = sum(p.numel() for p in mean_params)
     jac = torch.autograd.functional.jacobian(
@@ -392,7 +393,9 @@ def test_interrupted_run_resumes_to_the_same_metrics(method, compile, tmp_path, 
     reference = module.main(small_args(module, tmp_path / "a", "run", **kw))
     assert not os.path.exists(tmp_path / "a" / "run" / "checkpoint.pt")  # removed once the run is done
 
-    real_save, calls = module.save_checkpoint, []
+    from mujoco_baselines import common
+
+    real_save, calls = common.save_checkpoint, []
 
     def interrupt_on_second_save(path, checkpoint):
         calls.append(checkpoint["progress"]["iteration"])
@@ -400,10 +403,10 @@ def test_interrupted_run_resumes_to_the_same_metrics(method, compile, tmp_path, 
             raise KeyboardInterrupt  # after iteration 4's metrics row, before its checkpoint
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(module, "save_checkpoint", interrupt_on_second_save)
+    monkeypatch.setattr(common, "save_checkpoint", interrupt_on_second_save)
     with pytest.raises(KeyboardInterrupt):
         module.main(small_args(module, tmp_path / "b", "run", **kw))
-    monkeypatch.setattr(module, "save_checkpoint", real_save)
+    monkeypatch.setattr(common, "save_checkpoint", real_save)
     assert calls == [2, 4] and len(read_rows(tmp_path / "b" / "run")) == 4
     resumed = module.main(small_args(module, tmp_path / "b", "run", resume=True, **kw))
 
@@ -449,7 +452,7 @@ def test_evaluation_is_the_mean_action_on_its_own_seeded_env():
     import gymnasium as gym
     import torch
 
-    evaluation = sys.modules[load("rgpo").evaluate.__module__]  # the scripts' shared evaluation module
+    from mujoco_baselines import common as evaluation  # the scripts' shared module
     rng = np.random.default_rng(0)
     mean, var = rng.normal(size=11), rng.uniform(0.5, 2.0, size=11)
     w = rng.normal(size=(3, 11)) * 0.3
@@ -495,37 +498,48 @@ def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path)
         module.main(small_args(module, tmp_path, "run", total_timesteps=256 * 3, resume=True))
 
 
-def _top_level_sources(method):
-    import ast
+def test_scripts_share_the_common_module_and_their_defaults():
+    """What is not the algorithm lives once, in mujoco_baselines/common.py: every script uses the same objects
+    (not copies), and every Args field the scripts share has the same default."""
+    import dataclasses
 
-    src = open(os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")).read()
-    out = {}
-    for node in ast.parse(src).body:
-        if isinstance(node, ast.FunctionDef | ast.ClassDef):
-            out[node.name] = ast.get_source_segment(src, node)
-        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            out[node.targets[0].id] = ast.get_source_segment(src, node)
-    return out
+    from mujoco_baselines import common
 
-
-def test_scripts_share_everything_but_the_method_verbatim():
-    """The README's claim: the four scripts share the environment, agent, checkpoint, run-info and logging code
-    verbatim, and every shared Args field has the same default; only the method's own definitions, its Args
-    section, its metric names and main()'s update block differ."""
-    sources = {m: _top_level_sources(m) for m in METHODS}
-    method_specific = {"Args", "main", "STAT_NAMES", "TB_KEYS"}
-    shared = set.intersection(*(set(s) for s in sources.values())) - method_specific
-    expected = {"Agent", "CheckpointError", "MujocoEnv", "NonFiniteLossError", "check_finite", "RESUME_FREE_ARGS", "RunningMeanStd",
-                "SQRT2", "_write_tensorboard", "checkpoint_args", "layer_init", "load_checkpoint", "rng_state",
-                "run_info", "save_checkpoint", "set_rng_state"}  # fmt: skip
-    assert shared == expected
-    for name in shared:
-        assert len({sources[m][name] for m in METHODS}) == 1, f"{name} differs between the scripts"
-    fields = {m: {f.name: f.default for f in __import__("dataclasses").fields(load(m).Args)} for m in METHODS}
-    common = set.intersection(*(set(f) for f in fields.values())) - {"exp_name"}
-    assert {"env_id", "hidden_size", "learning_rate", "num_steps", "checkpoint_every", "spike_kl"} <= common
-    for name in common:
+    shared = ["Agent", "MujocoEnv", "CheckpointError", "NonFiniteLossError", "Rollout", "Run", "UpdateStep",
+              "iteration_metrics", "seed_everything"]  # fmt: skip
+    for method in METHODS:
+        module = load(method)
+        for name in shared:
+            assert getattr(module, name) is getattr(common, name), (method, name)
+        source = open(os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")).read()
+        assert "class Agent" not in source and "class MujocoEnv" not in source and "sys.path" not in source
+    fields = {m: {f.name: f.default for f in dataclasses.fields(load(m).Args)} for m in METHODS}
+    common_fields = set.intersection(*(set(f) for f in fields.values())) - {"exp_name"}
+    assert {
+        "env_id",
+        "hidden_size",
+        "learning_rate",
+        "num_steps",
+        "checkpoint_every",
+        "spike_kl",
+    } <= common_fields
+    for name in common_fields:
         assert len({repr(fields[m][name]) for m in METHODS}) == 1, f"Args.{name} differs between the scripts"
+
+
+def test_scripts_run_as_modules_and_as_files(tmp_path):
+    """`python -m mujoco_baselines.<script>` and `python mujoco_baselines/<script>.py` both work (no sys.path
+    edits: the package is installed with the project)."""
+    import subprocess
+
+    for how in (
+        ["-m", "mujoco_baselines.awr_continuous_action"],
+        [os.path.join(ROOT, "mujoco_baselines", "awr_continuous_action.py")],
+    ):
+        out = subprocess.run(
+            [sys.executable, *how, "--help"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+        assert out.returncode == 0 and "--eval-episodes" in out.stdout, out.stderr[-2000:]
 
 
 def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, monkeypatch):
@@ -544,13 +558,15 @@ def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, 
     module = load("rgpo")
     results, ckpts = tmp_path / "b", tmp_path / "cb"
     cmd = runs[1].command(str(results / "t"), str(ckpts / "t" / runs[1].name))
-    real_save = module.save_checkpoint
+    from mujoco_baselines import common
+
+    real_save = common.save_checkpoint
 
     def save_then_stop(path, checkpoint):
         real_save(path, checkpoint)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(module, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(common, "save_checkpoint", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
         module.main(tyro.cli(module.Args, args=cmd[2:]))
     assert (ckpts / "t" / runs[1].name / "checkpoint.pt").exists()

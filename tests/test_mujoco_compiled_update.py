@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
 
-from compiled_update import CompiledAdamStep  # noqa: E402
 from test_mujoco_baselines import TIME_KEYS, load, needs_compiler, read_rows, small_args  # noqa: E402
+
+from mujoco_baselines.compiled_update import CompiledAdamStep  # noqa: E402
 
 
 def _setup(method="ppo", width=64, max_grad_norm=0.5, seed=0):

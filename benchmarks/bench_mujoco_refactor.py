@@ -1,0 +1,86 @@
+"""A/B speed of the MuJoCo scripts against an earlier version of them (issue 23: moving the shared code into
+mujoco_baselines/common.py must not slow the scripts down).
+
+    python benchmarks/bench_mujoco_refactor.py --baseline-ref <git ref> --rounds 3 --out benchmarks/results/mujoco_refactor
+
+For each script and round, the baseline (the repository's ``mujoco_baselines/`` at ``--baseline-ref``, extracted
+with ``git archive``) and the current script run one after the other (the order alternates between rounds) with
+``--compile`` at width 256 on Hopper-v4 for ``--iterations`` iterations, one torch thread. The time per iteration
+is the median of ``iter_time`` over the iterations after the first two (compilation excluded); the reported ratio
+is the median over rounds of baseline time / current time (> 1: the current scripts are faster). The issue's bar:
+ratio >= 0.97.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from bench_common import ROOT, run_info, write_outputs
+
+METHODS = ["ppo", "rgpo", "trpo", "awr"]
+
+
+def iteration_time(script: str, out: str, iterations: int, env: dict) -> float:
+    subprocess.run([sys.executable, script, "--env-id", "Hopper-v4", "--seed", "1", "--compile", "--hidden-size", "256",
+                    "--total-timesteps", str(2048 * iterations), "--output-dir", out, "--run-name", "r",
+                    "--no-tensorboard", "--no-verbose", "--eval-episodes", "0"],
+                   check=True, env=env, capture_output=True)  # fmt: skip
+    with open(os.path.join(out, "r", "metrics.csv")) as f:
+        times = [float(row["iter_time"]) for row in csv.DictReader(f)]
+    return statistics.median(times[2:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--baseline-ref", required=True)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=8)
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_refactor"))
+    a = p.parse_args()
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", a.baseline_ref], capture_output=True, text=True,
+                            check=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True,
+                                 check=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        for method in a.methods:
+            scripts = {"baseline": os.path.join(tmp, "mujoco_baselines", f"{method}_continuous_action.py"),
+                       "current": os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")}  # fmt: skip
+            for rnd in range(a.rounds):
+                order = ["baseline", "current"] if rnd % 2 == 0 else ["current", "baseline"]
+                t = {v: iteration_time(scripts[v], os.path.join(tmp, f"{method}_{v}_{rnd}"), a.iterations, env)
+                     for v in order}  # fmt: skip
+                rows.append({"method": method, "round": rnd, **t, "ratio": t["baseline"] / t["current"]})
+                print(f"{method} round {rnd}: baseline {t['baseline']:.3f} s, current {t['current']:.3f} s, "
+                      f"ratio {t['baseline'] / t['current']:.3f}", flush=True)  # fmt: skip
+    summary = {m: statistics.median(r["ratio"] for r in rows if r["method"] == m) for m in a.methods}
+    info = run_info("bench_mujoco_refactor.py", True, baseline_commit=commit, head_commit=head, rows=rows,
+                    median_ratio=summary)  # fmt: skip
+    lines = ["# MuJoCo scripts: current vs an earlier version (--compile, width 256, Hopper-v4)", "",
+             f"Command: `{info['command']}`; baseline {commit[:10]}, current {head[:10]}; {info['machine']}; load "
+             f"average at the end {tuple(round(x, 2) for x in info['load_average_at_end'])}.", "",
+             "| script | median s / iteration, baseline | current | ratio (baseline / current), median of rounds | rounds |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for m in a.methods:
+        rs = [r for r in rows if r["method"] == m]
+        each = ", ".join(f"{r['ratio']:.3f}" for r in rs)
+        lines.append(f"| {m} | {statistics.median(r['baseline'] for r in rs):.3f} | "
+                     f"{statistics.median(r['current'] for r in rs):.3f} | {summary[m]:.3f} | "
+                     f"{each} |")  # fmt: skip
+    write_outputs(a.out, info, lines)
+
+
+if __name__ == "__main__":
+    main()
