@@ -529,8 +529,11 @@ def study_table(runs, study: dict) -> list[dict]:
     return rows
 
 
-def normalised_scores(runs, study: dict, key=lambda r: r.final_return) -> dict[str, dict[str, np.ndarray]]:
-    """arm -> env -> each run's score divided by |mean of the reference arm's runs| in that environment."""
+def normalised_scores(
+    runs, study: dict, key=lambda r: r.final_return, min_runs: int = 2
+) -> dict[str, dict[str, np.ndarray]]:
+    """arm -> env -> each run's score divided by |mean of the reference arm's runs| in that environment; an arm's
+    environment enters only when it and the reference have at least ``min_runs`` scores (no interval from one run)."""
     out: dict[str, dict[str, np.ndarray]] = {a.label: {} for a in study["arms"]}
     for env in study["envs"]:
         ref = np.array([key(r) for r in study["arms"][0].runs(runs, env)], float)
@@ -540,7 +543,7 @@ def normalised_scores(runs, study: dict, key=lambda r: r.final_return) -> dict[s
         for arm in study["arms"]:
             x = np.array([key(r) for r in arm.runs(runs, env)], float)
             x = x[np.isfinite(x)]
-            if len(x):
+            if len(x) >= min_runs and len(ref) >= min_runs:
                 out[arm.label][env] = x / abs(ref.mean())
     return out
 
