@@ -453,6 +453,7 @@ def test_evaluation_is_the_mean_action_on_its_own_seeded_env():
     import torch
 
     from mujoco_baselines import common as evaluation  # the scripts' shared module
+
     rng = np.random.default_rng(0)
     mean, var = rng.normal(size=11), rng.uniform(0.5, 2.0, size=11)
     w = rng.normal(size=(3, 11)) * 0.3
