@@ -47,3 +47,19 @@ def write_outputs(out: str, info: dict, lines: list[str]) -> None:
     with open(out + ".md", "w") as f:
         f.write(text)
     print(text)
+
+
+def extract_baseline(ref: str, dest: str) -> tuple[str, str]:
+    """``mujoco_baselines/`` at git ``ref`` extracted into ``dest`` (``git archive``); returns (the ref's commit, the
+    current HEAD's commit), for A/B benchmarks against an earlier version of the scripts."""
+    import subprocess
+
+    def rev(name: str, check: bool) -> str:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", name], capture_output=True, text=True,
+                              check=check).stdout.strip()  # fmt: skip
+
+    commit, head = rev(ref, True), rev("HEAD", False)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True,
+                             check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return commit, head

@@ -124,20 +124,13 @@ def main() -> None:
     if not args.baseline_ref:
         parser.error("--baseline-ref is required (unless --render-only)")
 
+    from bench_common import extract_baseline
     from bench_mujoco_speed import find_cleanrl_file, patch_cleanrl
 
     tmp = tempfile.mkdtemp(prefix="bench_compile_")
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", args.baseline_ref], capture_output=True, text=True,
-                            check=True).stdout.strip()  # fmt: skip
-    head = subprocess.run(
-        ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit, head = extract_baseline(args.baseline_ref, tmp)
     dirty = bool(subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "mujoco_baselines"], capture_output=True,
                                 text=True).stdout.strip())  # fmt: skip
-    archive = subprocess.run(
-        ["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
     base_dir = os.path.join(tmp, "mujoco_baselines")
 
     print("raw env.step rates ...", flush=True)

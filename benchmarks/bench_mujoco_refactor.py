@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import ROOT, run_info, write_outputs
+from bench_common import ROOT, extract_baseline, run_info, write_outputs
 
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
 
@@ -44,17 +44,10 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_refactor"))
     a = p.parse_args()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", a.baseline_ref], capture_output=True, text=True,
-                            check=True).stdout.strip()  # fmt: skip
-    head = subprocess.run(
-        ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True,
-                                 check=True).stdout  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        commit, head = extract_baseline(a.baseline_ref, tmp)
         for method in a.methods:
             scripts = {"baseline": os.path.join(tmp, "mujoco_baselines", f"{method}_continuous_action.py"),
                        "current": os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")}  # fmt: skip

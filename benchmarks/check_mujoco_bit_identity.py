@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import ROOT, run_info, write_outputs
+from bench_common import ROOT, extract_baseline, run_info, write_outputs
 
 TIMING = {"time", "SPS", "iter_time", "rollout_time", "update_time"}
 
@@ -46,16 +46,9 @@ def main() -> int:
     p.add_argument("--modes", nargs="+", default=["eager", "compile"], choices=["eager", "compile"])
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_bit_identity"))
     a = p.parse_args()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", a.baseline_ref], capture_output=True, text=True,
-                            check=True).stdout.strip()  # fmt: skip
-    head = subprocess.run(
-        ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True,
-                                 check=True).stdout  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        commit, head = extract_baseline(a.baseline_ref, tmp)
         for method in ("ppo", "rgpo", "trpo", "awr"):
             for env_id in ("Hopper-v4", "HalfCheetah-v4"):
                 for mode in a.modes:

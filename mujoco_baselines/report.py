@@ -138,12 +138,13 @@ def mean_std(values) -> tuple[float, float, int]:
     return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else float("nan"), len(x)
 
 
-def welch_greater(a, b) -> tuple[float, float, float]:
-    """One-tailed Welch t-test of mean(a) > mean(b): (t, Welch-Satterthwaite df, p)."""
+def welch(a, b, alternative: str = "two-sided") -> tuple[float, float, float]:
+    """Welch t-test of mean(a) against mean(b) (scipy's ``alternative``): (t, Welch-Satterthwaite df, p); nan below
+    2 runs a side."""
     a, b = np.asarray(a, float), np.asarray(b, float)
     if len(a) < 2 or len(b) < 2:
         return float("nan"), float("nan"), float("nan")
-    res = stats.ttest_ind(a, b, equal_var=False, alternative="greater")
+    res = stats.ttest_ind(a, b, equal_var=False, alternative=alternative)
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     return float(res.statistic), float(df), float(res.pvalue)
@@ -200,7 +201,7 @@ def main_returns_table(runs):
             row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_n": n})
         ppo, rgpo = row["ppo_mean"], row["rgpo_mean"]
         row["delta_rgpo_vs_ppo"] = (rgpo - ppo) / abs(ppo) if row["ppo_n"] and row["rgpo_n"] else float("nan")
-        row["welch_t"], row["welch_df"], row["welch_p"] = welch_greater(finals["rgpo"], finals["ppo"])
+        row["welch_t"], row["welch_df"], row["welch_p"] = welch(finals["rgpo"], finals["ppo"], "greater")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -288,7 +289,7 @@ def gates_table(runs):
     sigmoid = windows["sigmoid"]
     t["vs_sigmoid"] = t.window_return / (np.mean(sigmoid) if sigmoid else np.nan) - 1
     t["p_sigmoid_greater"] = [
-        np.nan if g == "sigmoid" else welch_greater(sigmoid, windows[g])[2] for g in t.gate
+        np.nan if g == "sigmoid" else welch(sigmoid, windows[g], "greater")[2] for g in t.gate
     ]
     return t
 
@@ -359,7 +360,7 @@ def long_md(rows):
         lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
     tests = []
     for b in (1, 3, 6):
-        t, df, p = welch_greater(rows[1][f"{b}M"], rows[0][f"{b}M"])
+        t, df, p = welch(rows[1][f"{b}M"], rows[0][f"{b}M"], "greater")
         paper = f" (paper: p = {PAPER_LONG_P6})" if b == 6 else ""
         tests.append(
             f"{b}M: " + (f"t = {t:.2f} (df {df:.1f}), p = {p:.3f}" if np.isfinite(p) else "-") + paper
@@ -487,17 +488,6 @@ STUDIES = {
 }
 
 
-def welch_two_sided(a, b) -> tuple[float, float, float]:
-    """Two-sided Welch t-test of mean(a) != mean(b): (t, Welch-Satterthwaite df, p); nan below 2 runs a side."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    if len(a) < 2 or len(b) < 2:
-        return float("nan"), float("nan"), float("nan")
-    res = stats.ttest_ind(a, b, equal_var=False)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return float(res.statistic), float(df), float(res.pvalue)
-
-
 def _eval(r) -> float:
     return float(r.final.get("eval_return_mean", float("nan")))
 
@@ -520,8 +510,8 @@ def study_table(runs, study: dict) -> list[dict]:
                    "train": mean_std(train), "eval": mean_std(ev),
                    "kl": float(pd.concat([r.metrics["kl"] for r in rs]).mean()) if rs else float("nan")}  # fmt: skip
             if arm is not study["arms"][0]:
-                row["train_vs_ref"] = welch_two_sided(train, ref_train)
-                row["eval_vs_ref"] = welch_two_sided(ev, ref_eval)
+                row["train_vs_ref"] = welch(train, ref_train)
+                row["eval_vs_ref"] = welch(ev, ref_eval)
                 ref_mean, ref_std, _ = mean_std(ref_train)
                 row["train_diff"] = row["train"][0] / ref_mean - 1 if ref_train else float("nan")
                 row["std_ratio"] = row["train"][1] / ref_std if len(ref_train) > 1 else float("nan")

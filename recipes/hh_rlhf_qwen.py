@@ -329,6 +329,12 @@ def evaluate_on(
     return result
 
 
+def summary_window(script_args, n_iters: int) -> tuple[int, int]:
+    """The summary window (start exclusive, end): the given bounds, else the last quarter of the run."""
+    start = script_args.window_start if script_args.window_start is not None else (3 * n_iters) // 4
+    return start, script_args.window_end if script_args.window_end is not None else n_iters
+
+
 def validation_callback(script_args, training_args, tokenizer, prompts, reward_model, ref_model_fn, sampling,
                         steps_per_iteration: int, window: tuple[int, int]):  # fmt: skip
     """The `WindowEvaluation` on the validation prompts: every ``validation_every`` iterations in the window and
@@ -436,8 +442,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         reward_model.to(trainer.accelerator.device)
         steps_per_iteration = int(unused.get("num_iterations", 2))
         n_iters = training_args.max_steps // steps_per_iteration
-        window = (script_args.window_start if script_args.window_start is not None else (3 * n_iters) // 4,
-                  script_args.window_end if script_args.window_end is not None else n_iters)  # fmt: skip
+        window = summary_window(script_args, n_iters)
         validation = validation_callback(script_args, training_args, tokenizer, validation_prompts, reward_model,
                                          lambda: trainer.ref_model, sampling, steps_per_iteration, window)  # fmt: skip
         if validation is not None:
@@ -578,10 +583,7 @@ def main(argv: list[str] | None = None) -> dict:
     if training_args.max_steps is None or training_args.max_steps <= 0:
         training_args.max_steps = script_args.num_rl_iterations * steps_per_iteration
     n_iters = training_args.max_steps // steps_per_iteration
-    window = (
-        script_args.window_start if script_args.window_start is not None else (3 * n_iters) // 4,
-        script_args.window_end if script_args.window_end is not None else n_iters,
-    )
+    window = summary_window(script_args, n_iters)
 
     method = get_rlhf_method(script_args.method)
     trainer = method.trainer_class(
