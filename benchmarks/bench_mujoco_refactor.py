@@ -7,8 +7,10 @@ For each script and round, the baseline (the repository's ``mujoco_baselines/`` 
 with ``git archive``) and the current script run one after the other (the order alternates between rounds) with
 ``--compile`` at width 256 on Hopper-v4 for ``--iterations`` iterations, one torch thread. The time per iteration
 is the median of ``iter_time`` over the iterations after the first two (compilation excluded); the reported ratio
-is the median over rounds of baseline time / current time (> 1: the current scripts are faster). The issue's bar:
-ratio >= 0.97.
+is the median over rounds of baseline time / current time (> 1: the current scripts are faster), beside the ratio
+of the two variants' medians over every timed iteration of every round (pooled). The issue's bar: ratio >= 0.97.
+Single iterations vary by 10-20% on a shared VM even with nothing else running, so use enough rounds and
+iterations; pinning the benchmark to one core (``taskset -c 0``) keeps other work on the other cores out of it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def iteration_time(script: str, out: str, iterations: int, env: dict) -> float:
                    check=True, env=env, capture_output=True)  # fmt: skip
     with open(os.path.join(out, "r", "metrics.csv")) as f:
         times = [float(row["iter_time"]) for row in csv.DictReader(f)]
-    return statistics.median(times[2:])
+    return times[2:]
 
 
 def main() -> None:
@@ -53,25 +55,32 @@ def main() -> None:
                        "current": os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")}  # fmt: skip
             for rnd in range(a.rounds):
                 order = ["baseline", "current"] if rnd % 2 == 0 else ["current", "baseline"]
-                t = {v: iteration_time(scripts[v], os.path.join(tmp, f"{method}_{v}_{rnd}"), a.iterations, env)
-                     for v in order}  # fmt: skip
-                rows.append({"method": method, "round": rnd, **t, "ratio": t["baseline"] / t["current"]})
+                times = {v: iteration_time(scripts[v], os.path.join(tmp, f"{method}_{v}_{rnd}"), a.iterations, env)
+                         for v in order}  # fmt: skip
+                t = {v: statistics.median(x) for v, x in times.items()}
+                rows.append({"method": method, "round": rnd, **t, "ratio": t["baseline"] / t["current"],
+                             "iteration_times": times})  # fmt: skip
                 print(f"{method} round {rnd}: baseline {t['baseline']:.3f} s, current {t['current']:.3f} s, "
                       f"ratio {t['baseline'] / t['current']:.3f}", flush=True)  # fmt: skip
     summary = {m: statistics.median(r["ratio"] for r in rows if r["method"] == m) for m in a.methods}
+    # every measured iteration of every round pooled per variant: the ratio of the two medians
+    pooled = {m: statistics.median(x for r in rows if r["method"] == m for x in r["iteration_times"]["baseline"])
+              / statistics.median(x for r in rows if r["method"] == m for x in r["iteration_times"]["current"])
+              for m in a.methods}  # fmt: skip
     info = run_info("bench_mujoco_refactor.py", True, baseline_commit=commit, head_commit=head, rows=rows,
-                    median_ratio=summary)  # fmt: skip
+                    median_ratio=summary, pooled_ratio=pooled, cpu_affinity=sorted(os.sched_getaffinity(0)))  # fmt: skip
     lines = ["# MuJoCo scripts: current vs an earlier version (--compile, width 256, Hopper-v4)", "",
              f"Command: `{info['command']}`; baseline {commit[:10]}, current {head[:10]}; {info['machine']}; load "
-             f"average at the end {tuple(round(x, 2) for x in info['load_average_at_end'])}.", "",
-             "| script | median s / iteration, baseline | current | ratio (baseline / current), median of rounds | rounds |",
-             "|---|---|---|---|---|"]  # fmt: skip
+             f"average at the end {tuple(round(x, 2) for x in info['load_average_at_end'])}; CPUs the benchmark "
+             f"ran on: {info['cpu_affinity']}. {a.iterations - 2} timed iterations per run.", "",
+             "| script | median s / iteration, baseline | current | ratio (baseline / current), median of rounds | "
+             "rounds | ratio of the pooled medians |", "|---|---|---|---|---|---|"]  # fmt: skip
     for m in a.methods:
         rs = [r for r in rows if r["method"] == m]
         each = ", ".join(f"{r['ratio']:.3f}" for r in rs)
         lines.append(f"| {m} | {statistics.median(r['baseline'] for r in rs):.3f} | "
                      f"{statistics.median(r['current'] for r in rs):.3f} | {summary[m]:.3f} | "
-                     f"{each} |")  # fmt: skip
+                     f"{each} | {pooled[m]:.3f} |")  # fmt: skip
     write_outputs(a.out, info, lines)
 
 

@@ -23,6 +23,7 @@ import argparse
 import csv
 import json
 import os
+import sys
 
 import numpy as np
 from scipy import stats
@@ -124,9 +125,68 @@ def common_bins(curves: list[dict[int, float]]) -> list[int]:
 
 def welch(a, b) -> tuple[float, float, float]:
     """mean(a) - mean(b) and its Welch 95% confidence interval."""
+    diff, low, high, _ = welch_test(a, b)
+    return diff, low, high
+
+
+def welch_test(a, b) -> tuple[float, float, float, float]:
+    """mean(a) - mean(b), its Welch 95% confidence interval and the two-sided p-value."""
     res = stats.ttest_ind(a, b, equal_var=False)
     ci = res.confidence_interval(0.95)
-    return float(np.mean(a) - np.mean(b)), float(ci.low), float(ci.high)
+    return float(np.mean(a) - np.mean(b)), float(ci.low), float(ci.high), float(res.pvalue)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1), in the input order: a family of m
+    comparisons is significant at level a where the adjusted p < a."""
+    m = len(pvalues)
+    order = np.argsort(pvalues)
+    adjusted, running = np.empty(m), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def pairwise(
+    runs: dict[str, list[dict]], source: str = "heldout", key: str = "gold"
+) -> dict[str, list[dict]]:
+    """Two families of two-sided Welch tests on ``runs[m][source][key]`` over seeds, each Holm-corrected across its
+    comparisons: every method against the SFT policy, and RGPO against every other method (n >= 2 a side)."""
+    values = {m: [r[source].get(key) for r in runs.get(m, [])] for m in METHODS}
+    values = {m: v for m, v in values.items() if len(v) >= 2 and None not in v}
+    families = {
+        "vs_sft": [(m, "sft") for m in METHODS if m != "sft" and m in values and "sft" in values],
+        "rgpo_vs": [
+            ("rgpo", m) for m in METHODS if m not in ("rgpo", "sft") and m in values and "rgpo" in values
+        ],
+    }
+    out = {}
+    for name, pairs in families.items():
+        rows = []
+        for a, b in pairs:
+            diff, low, high, p = welch_test(values[a], values[b])
+            rows.append({"a": a, "b": b, "n_a": len(values[a]), "n_b": len(values[b]), "diff": diff, "low": low,
+                         "high": high, "p": p})  # fmt: skip
+        for row, adjusted in zip(rows, holm([r["p"] for r in rows]), strict=True):
+            row["p_holm"] = adjusted
+        out[name] = rows
+    return out
+
+
+def pairwise_markdown(tests: dict[str, list[dict]], what: str) -> str:
+    lines = []
+    for name, title in (("vs_sft", "method - SFT"), ("rgpo_vs", "RGPO - method")):
+        rows = tests.get(name, [])
+        if not rows:
+            continue
+        lines += [f"{title}, {what} (two-sided Welch, Holm-corrected across the {len(rows)} comparisons):", "",
+                  "| comparison | n | difference [95% CI] | p | p (Holm) |", "|---|---|---|---|---|"]  # fmt: skip
+        for r in rows:
+            lines.append(f"| {r['a']} - {r['b']} | {r['n_a']} / {r['n_b']} | {r['diff']:+.3f} [{r['low']:+.3f}, "
+                         f"{r['high']:+.3f}] | {r['p']:.3g} | {r['p_holm']:.3g} |")  # fmt: skip
+        lines.append("")
+    return "\n".join(lines) if lines else f"Pairwise tests on {what}: need at least 2 finished seeds a side."
 
 
 def gold_vs_sft(runs: dict[str, list[dict]]) -> list[dict]:
@@ -186,7 +246,13 @@ def overoptimisation(runs: dict[str, list[dict]]) -> dict | None:
             "sft": {"reward": p0, "gold": g0, "reward_std": ps, "gold_std": gs}}  # fmt: skip
 
 
-def gold_markdown(rows: list[dict], over: dict | None) -> str:
+def heldout_samples(runs: dict[str, list[dict]]) -> str:
+    """Samples per held-out prompt, as the runs recorded it (older runs: one)."""
+    k = sorted({r["heldout"].get("samples_per_prompt", 1) for rs in runs.values() for r in rs})
+    return " or ".join(map(str, k)) if k else "1"
+
+
+def gold_markdown(rows: list[dict], over: dict | None, samples: str = "1") -> str:
     if not rows:
         return (
             "Gold vs the SFT policy: needs at least 2 finished seeds of the `sft` baseline and of a method."
@@ -202,7 +268,7 @@ def gold_markdown(rows: list[dict], over: dict | None) -> str:
             f"{rows[0]['n_sft']} evaluation seeds), Welch 95% interval over seeds. The window is fixed in advance; "
             "the best bin is the 25-iteration bin with the highest seed-mean gold, chosen after seeing the curve "
             "(an optimistic estimate). Held out: the same code on the same held-out prompts for the method and the "
-            "SFT policy, one sample per prompt and seed.\n\n" + "\n".join(lines))  # fmt: skip
+            f"SFT policy, {samples} sample(s) per prompt and seed.\n\n" + "\n".join(lines))  # fmt: skip
     if over is not None:
         per = ", ".join(f"{m} {v:+.2f}" for m, v in over["per_method"].items())
         text += (f"\n\nProxy-gold gap vs KL_ref: Spearman rho = {over['rho']:+.3f} (p = {over['p']:.2g}) over "
@@ -308,16 +374,219 @@ def build_report(results: str, out: str, plots: bool = True) -> str:
         json.dump(
             {"rows": gold_rows, "overoptimisation": over and {k: v for k, v in over.items()}}, f, indent=2
         )
+    samples = heldout_samples(runs)
+    tests = {"heldout_gold": pairwise(runs, "heldout", "gold"), "window_gold": pairwise(runs, "summary", "gold"),
+             "heldout_kl_ref": pairwise(runs, "heldout", "kl_ref")}  # fmt: skip
+    with open(os.path.join(out, "pairwise.json"), "w") as f:
+        json.dump(tests, f, indent=2)
     figs = figures(runs, out, over) if plots else []
     text = "\n".join([
         "# RLHF comparison vs the paper (Sec. 7.3)", "",
         f"Command: `python recipes/rlhf_report.py {results} --out {out}`. Mean ± sample std (ddof 1) over n finished "
-        "seeds; window = the preset's summary window; held-out = one sample per held-out prompt after training "
+        f"seeds; window = the preset's summary window; held-out = {samples} sample(s) per held-out prompt after training "
         "(same reward model, gold rule and KL_ref estimator for every method). The paper's reward column is its "
         "improvement over the initial policy on a different model and reward model: compare orderings, not values.",
-        "", markdown(rows), "", "## What the gold score adds", "", gold_markdown(gold_rows, over), "",
+        "", markdown(rows), "", "## What the gold score adds", "", gold_markdown(gold_rows, over, samples), "",
+        "## Pairwise tests", "", pairwise_markdown(tests["heldout_gold"], "held-out gold"), "",
+        pairwise_markdown(tests["window_gold"], "window gold"), "",
+        pairwise_markdown(tests["heldout_kl_ref"], "held-out KL_ref"), "",
         *[f"![{f}]({f})" for f in figs], "",
     ])  # fmt: skip
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+# --- issue 25's studies: the results root holds tune/, final/, frontier/ and reuse/ (recipes/rlhf_suite.py) ---
+
+
+def window_mean(run: dict, key: str) -> float | None:
+    """Mean of a per-iteration metric over the run's summary window (iterations start < i <= end)."""
+    start, end = run["summary"].get("window", (300, 400))
+    x = [row[key] for row in run["rows"] if start < row["iteration"] <= end and row.get(key) is not None]
+    return float(np.mean(x)) if x else None
+
+
+def study_points(
+    root: str, suite: str, settings: dict[str, tuple[str, ...]], base: str, tag: str
+) -> list[dict]:
+    """One point per method x setting: the suite's ``<method>__<tag><value>`` runs, and at the base value the
+    final suite's runs of the method (same rate and seeds). Mean +- sample std over seeds of the window and
+    held-out numbers, and the per-seed values for the tests."""
+    varied = load(os.path.join(root, suite)) if os.path.isdir(os.path.join(root, suite)) else {}
+    final = load(os.path.join(root, "final")) if os.path.isdir(os.path.join(root, "final")) else {}
+    points = []
+    for m, values in settings.items():
+        for v in sorted({*values, base}, key=float):
+            rs = final.get(m, []) if v == base else varied.get(f"{m}__{tag}{v}", [])
+            point = {"method": m, "value": v, "n": len(rs), "seeds": [r["seed"] for r in rs],
+                     "source": "final" if v == base else suite}  # fmt: skip
+            for name, get in {
+                "gold": lambda r: r["heldout"].get("gold"),
+                "kl_ref": lambda r: r["heldout"].get("kl_ref"),
+                "reward": lambda r: r["heldout"].get("reward"),
+                "window_gold": lambda r: r["summary"].get("gold"),
+                "window_kl_ref": lambda r: r["summary"].get("kl_ref"),
+                "window_reward": lambda r: r["summary"].get("reward"),
+                "kl_old": lambda r: r["summary"].get("kl_old"),
+                "kl_coef": lambda r: r["summary"].get("kl_coef"),
+                "rejected_frac": lambda r: r["summary"].get("rejected_frac"),
+                "clip_frac": lambda r: window_mean(r, "clip_ratio/region_mean"),
+            }.items():
+                values_ = [get(r) for r in rs]
+                point[f"{name}_values"] = values_
+                point[name] = mean_std(values_)
+            point["runs"] = rs
+            points.append(point)
+    return points
+
+
+def frontier_interpolation(points: list[dict], a: str, b: str) -> list[dict]:
+    """At each of ``b``'s points, ``a``'s held-out gold linearly interpolated at ``b``'s held-out KL_ref on the
+    seed-mean curve of ``a`` (only inside ``a``'s KL range): a positive difference = ``a``'s frontier above."""
+    curve = sorted((p["kl_ref"][0], p["gold"][0]) for p in points if p["method"] == a and p["n"] > 0)
+    out = []
+    for p in (p for p in points if p["method"] == b and p["n"] > 0):
+        kl, gold = p["kl_ref"][0], p["gold"][0]
+        inside = len(curve) >= 2 and curve[0][0] <= kl <= curve[-1][0]
+        other = float(np.interp(kl, [c[0] for c in curve], [c[1] for c in curve])) if inside else None
+        out.append({"at": b, "value": p["value"], "kl_ref": kl, "gold": gold, "interpolated": other,
+                    "difference": None if other is None else other - gold})  # fmt: skip
+    return out
+
+
+def _point_row(p: dict, cols: list[str], digits: int = 3) -> str:
+    return " | ".join(
+        _cell(p[c], digits) if not c.startswith("kl_old") else _cell(p[c], 2 + digits) for c in cols
+    )
+
+
+def study_markdown(frontier: list[dict], reuse: list[dict], between: list[dict]) -> str:
+    lines = ["## KL frontiers (beta_ref)", "",
+             "Held-out: 64 test prompts x the runs' samples per prompt after training; window: iterations 300-400 "
+             "on the training prompts. The base beta_ref (the preset's) is the final suite's runs.", "",
+             "| method | beta_ref | n | held-out gold | held-out KL_ref | held-out proxy | window gold | window KL_ref |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    cols = ["gold", "kl_ref", "reward", "window_gold", "window_kl_ref"]
+    for p in frontier:
+        lines.append(f"| {p['method']} | {p['value']} | {p['n']} | {_point_row(p, cols)} |")
+    if between:
+        lines += ["", "RGPO's frontier at PPO-RLHF's points (RGPO's seed-mean held-out gold interpolated at the "
+                  "PPO point's held-out KL_ref; only inside RGPO's KL range):", "",
+                  "| PPO beta_ref | PPO KL_ref | PPO gold | RGPO gold at that KL_ref | RGPO - PPO |", "|---|---|---|---|---|"]  # fmt: skip
+        for b in between:
+            rg = "outside RGPO's range" if b["interpolated"] is None else f"{b['interpolated']:.3f}"
+            diff = "-" if b["difference"] is None else f"{b['difference']:+.3f}"
+            lines.append(f"| {b['value']} | {b['kl_ref']:.3f} | {b['gold']:.3f} | {rg} | {diff} |")
+    lines += ["", "## Batch reuse (num_iterations)", "",
+              "Window means (iterations 300-400) over seeds; KLhat_old, kl_coef and the rejected fraction are RGPO's "
+              "own statistics (rgpo/*); the clipped fraction is the clip methods' clip_ratio/region_mean. The "
+              "base num_iterations (the preset's) is the final suite's runs.", "",
+              "| method | num_iterations | n | held-out gold | held-out KL_ref | window proxy | KLhat_old | kl_coef | "
+              "rejected frac | clipped frac |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for p in reuse:
+        lines.append(f"| {p['method']} | {p['value']} | {p['n']} | "
+                     f"{_point_row(p, ['gold', 'kl_ref', 'window_reward', 'kl_old', 'kl_coef', 'rejected_frac', 'clip_frac'])} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    colour = {m: f"C{i}" for i, m in enumerate(METHODS)}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for m in dict.fromkeys(p["method"] for p in frontier):
+        pts = sorted((p for p in frontier if p["method"] == m and p["n"] > 0), key=lambda p: p["kl_ref"][0])
+        for ax, (x, y) in zip(axes, (("kl_ref", "gold"), ("window_kl_ref", "window_reward")), strict=True):
+            if not pts:
+                continue
+            ax.errorbar([p[x][0] for p in pts], [p[y][0] for p in pts],
+                        xerr=[np.nan_to_num(p[x][1]) for p in pts], yerr=[np.nan_to_num(p[y][1]) for p in pts],
+                        fmt="-o", color=colour[m], ms=4, lw=1, capsize=2, label=m)  # fmt: skip
+            for p in pts:
+                ax.annotate(
+                    f"{p['value']}", (p[x][0], p[y][0]), fontsize=6, xytext=(3, 3), textcoords="offset points"
+                )
+    axes[0].set(
+        xlabel="held-out KL_ref", ylabel="held-out gold", title="gold frontier (labels: beta_ref; ± 1 std)"
+    )
+    axes[1].set(xlabel="window KL_ref", ylabel="window proxy reward", title="proxy frontier")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    written.append(_save(fig, out, "frontier.png"))
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    panels = [("gold", "held-out gold"), ("kl_ref", "held-out KL_ref"), ("window_reward", "window proxy reward"),
+              ("kl_old", "KLhat_old (window)"), ("rejected_frac", "rejected fraction (RGPO) "),
+              ("clip_frac", "clipped fraction (clip methods)")]  # fmt: skip
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
+        for m in dict.fromkeys(p["method"] for p in reuse):
+            pts = [p for p in reuse if p["method"] == m and p["n"] > 0 and p[key][2] > 0]
+            if pts:
+                ax.errorbar([int(p["value"]) for p in pts], [p[key][0] for p in pts],
+                            yerr=[np.nan_to_num(p[key][1]) for p in pts], fmt="-o", color=colour[m], ms=4, lw=1,
+                            capsize=2, label=m)  # fmt: skip
+        ax.set(xscale="log", xlabel="num_iterations (reuses of a generation batch)", title=title)
+        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+        if key == "kl_old":
+            ax.set_yscale("log")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    written.append(_save(fig, out, "reuse.png"))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))  # RGPO's controller along training, per reuse count
+    for j, m in enumerate(("rgpo", "rgpo_old")):
+        for i, p in enumerate(p for p in reuse if p["method"] == m and p["n"] > 0):
+            curves = [binned(r, "rgpo/kl_coef") for r in p["runs"]]
+            xs = common_bins(curves)
+            if xs:
+                axes[j].plot(np.array(xs) * BIN + (BIN + 1) / 2, [np.mean([c[b] for c in curves]) for b in xs],
+                             color=f"C{i}", lw=1, label=f"num_iterations {p['value']} (n={p['n']})")  # fmt: skip
+        axes[j].set(
+            xlabel="iteration", ylabel="kl_coef", yscale="log", title=f"{m}: adaptive kl_coef (seed mean)"
+        )
+        if axes[j].get_legend_handles_labels()[0]:
+            axes[j].legend(fontsize=7)
+    written.append(_save(fig, out, "reuse_kl_coef.png"))
+    return written
+
+
+def build_studies(root: str, out: str, plots: bool = True) -> str:
+    """Issue 25's report: the tuning selection, the final comparison (its own report under final/report), the
+    beta_ref frontiers and the batch-reuse study, from the committed runs under ``root``."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, REUSE, REUSE_BASE
+
+    os.makedirs(out, exist_ok=True)
+    parts = ["# RLHF studies (issue 25): tuning, final comparison, KL frontiers, batch reuse", "",
+             f"Command: `python recipes/rlhf_report.py {root} --studies --out {out}`; every number below is "
+             "regenerated from the committed runs by it.", ""]  # fmt: skip
+    selection = os.path.join(root, "tune", "selection.md")
+    if os.path.exists(selection):
+        with open(selection) as f:
+            parts += ["## Learning-rate selection", "", f.read().split("\n", 2)[2].strip(), ""]
+    final = os.path.join(root, "final")
+    if os.path.isdir(final):
+        text = build_report(final, os.path.join(final, "report"), plots)
+        parts += ["## Final comparison (selected rates)", "",
+                  f"Full table and figures: [final/report/report.md]({os.path.relpath(os.path.join(final, 'report', 'report.md'), out)}).", "",
+                  text.split("## Pairwise tests", 1)[1].split("![", 1)[0].strip() if "## Pairwise tests" in text else "", ""]  # fmt: skip
+    frontier = study_points(root, "frontier", FRONTIER_BETAS, FRONTIER_BASE, "beta")
+    reuse = study_points(root, "reuse", REUSE, REUSE_BASE, "reuse")
+    between = frontier_interpolation(frontier, "rgpo", "ppo")
+    with open(os.path.join(out, "studies.json"), "w") as f:
+        strip = lambda pts: [{k: v for k, v in p.items() if k != "runs"} for p in pts]  # noqa: E731
+        json.dump({"frontier": strip(frontier), "rgpo_at_ppo": between, "reuse": strip(reuse)}, f, indent=2)
+    parts += [study_markdown(frontier, reuse, between), ""]
+    missing = [f"{p['source']}: {p['method']} at {p['value']}" for p in frontier + reuse if p["n"] == 0]
+    if missing:
+        parts += ["Not run yet: " + "; ".join(missing) + ".", ""]
+    if plots:
+        parts += [f"![{f}]({f})" for f in study_figures(frontier, reuse, out)] + [""]
+    text = "\n".join(parts)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(text)
     return text
@@ -328,8 +597,11 @@ def main(argv=None) -> None:
     p.add_argument("results")
     p.add_argument("--out", default=None)
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--studies", action="store_true",
+                   help="RESULTS is the root holding tune/ final/ frontier/ reuse/: write issue 25's study report")  # fmt: skip
     a = p.parse_args(argv)
-    print(build_report(a.results, a.out or os.path.join(a.results, "report"), not a.no_plot))
+    build = build_studies if a.studies else build_report
+    print(build(a.results, a.out or os.path.join(a.results, "report"), not a.no_plot))
 
 
 if __name__ == "__main__":

@@ -71,8 +71,10 @@ FRONTIER_BETAS = {
     "rgpo": ("0.01", "0.2"),
     "ppo": ("0.01", "0.2"),
     "sapo": ("0.01", "0.2"),
-}  # 0.05: the final runs
-REUSE = {m: ("1", "4", "8") for m in ("rgpo", "rgpo_old", "grpo", "ppo_clip_kl")}  # 2: the final runs
+}
+FRONTIER_BASE = "0.05"  # the methods' default beta_ref (rgpo_trl.rlhf.methods): the final suite's runs
+REUSE = {m: ("1", "4", "8") for m in ("rgpo", "rgpo_old", "grpo", "ppo_clip_kl")}
+REUSE_BASE = "2"  # the preset's num_iterations: the final suite's runs
 
 
 def selected_rates(results: str) -> dict[str, str]:
@@ -93,12 +95,12 @@ def _tune(results: str) -> list[RLHFRun]:
 
 
 def _final(results: str) -> list[RLHFRun]:
+    """Seed by seed (every method and the SFT baseline at seed 1, then seed 2, ...), so that an interrupted suite
+    leaves whole seeds, each with its baseline."""
     lr = selected_rates(results)
-    runs = [RLHFRun("final", m, s, PAPER, ("--learning_rate", lr[m], *VALIDATION, *HELDOUT))
-            for s in range(1, 6) for m in [*ONLINE, "dpo"] if m in lr]  # fmt: skip
-    return runs + [
-        RLHFRun("final", "sft", s, PAPER, (*SFT_EXTRA, *VALIDATION, *HELDOUT)) for s in range(1, 6)
-    ]
+    return [RLHFRun("final", m, s, PAPER, (*SFT_EXTRA, *VALIDATION, *HELDOUT)) if m == "sft" else
+            RLHFRun("final", m, s, PAPER, ("--learning_rate", lr[m], *VALIDATION, *HELDOUT))
+            for s in range(1, 6) for m in [*ONLINE, "dpo", "sft"] if m in lr or m == "sft"]  # fmt: skip
 
 
 def _frontier(results: str) -> list[RLHFRun]:

@@ -154,3 +154,77 @@ def test_a_corrupt_run_info_is_refused_with_its_path(tmp_path):
     path.write_text('{"command": ["x"]}')
     with pytest.raises(SystemExit, match="should hold a list"):
         suite.read_run_info(str(path))
+
+
+def test_holm_adjustment_matches_its_hand_computed_values():
+    import pytest
+
+    report = _load("rlhf_report")
+    # sorted 0.005 0.01 0.03 0.04 times 4 3 2 1 = 0.02 0.03 0.06 0.04 -> running max 0.02 0.03 0.06 0.06
+    assert report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert report.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert report.holm([0.2]) == pytest.approx([0.2])
+
+
+def _write_run(d, summary, heldout, rows=()):
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps(summary))
+    (d / "heldout.json").write_text(json.dumps(heldout))
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_pairwise_tests_are_welch_with_holm_over_each_family(tmp_path):
+    import pytest
+    from scipy import stats
+
+    report = _load("rlhf_report")
+    gold = {"sft": [1.0, 1.1, 0.9], "rgpo": [2.0, 2.2, 1.9], "ppo": [1.8, 2.1, 1.7], "grpo": [1.2, 1.0, 1.5]}
+    for m, values in gold.items():
+        for seed, g in enumerate(values, start=1):
+            _write_run(tmp_path / f"{m}__s{seed}", {"reward": 0.0, "kl_ref": 0.1, "gold": g},
+                       {"reward": 0.0, "kl_ref": 0.1 * seed, "gold": g, "samples_per_prompt": 4})  # fmt: skip
+    tests = report.pairwise(report.load(str(tmp_path)), "heldout", "gold")
+    assert [(r["a"], r["b"]) for r in tests["vs_sft"]] == [("rgpo", "sft"), ("ppo", "sft"), ("grpo", "sft")]
+    assert [(r["a"], r["b"]) for r in tests["rgpo_vs"]] == [("rgpo", "ppo"), ("rgpo", "grpo")]
+    p = [stats.ttest_ind(gold["rgpo"], gold[m], equal_var=False).pvalue for m in ("ppo", "grpo")]
+    assert [r["p"] for r in tests["rgpo_vs"]] == pytest.approx(p)
+    lo, hi = sorted(p)
+    expected = {min(p): 2 * lo, max(p): max(2 * lo, hi)}  # Holm with two comparisons
+    assert [r["p_holm"] for r in tests["rgpo_vs"]] == pytest.approx([expected[x] for x in p])
+    text = report.build_report(str(tmp_path), str(tmp_path / "report"), plots=False)
+    assert "4 sample(s) per held-out prompt" in text and "| rgpo - ppo | 3 / 3 |" in text
+
+
+def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_path):
+    import pytest
+
+    report = _load("rlhf_report")
+    # frontier: rgpo and ppo at beta 0.01 / 0.05 (final) / 0.2; gold = 2 - KL for rgpo, 1.5 - KL for ppo
+    for m, offset in (("rgpo", 2.0), ("ppo", 1.5)):
+        for beta, kl in (("0.01", 0.6), ("0.05", 0.3), ("0.2", 0.1)):
+            for seed in (1, 2):
+                d = tmp_path / ("final" if beta == "0.05" else "frontier") / (
+                    f"{m}__s{seed}" if beta == "0.05" else f"{m}__beta{beta}__s{seed}")  # fmt: skip
+                h = {"reward": 1.0, "kl_ref": kl, "gold": offset - kl}
+                _write_run(d, {**h, "window": [0, 2]}, h)
+    # reuse: rgpo at num_iterations 1 (reuse suite) and 2 (final, above); its KLhat_old comes from summary.json
+    for seed in (1, 2):
+        rows = [{"iteration": i, "step": i, "rgpo/kl_coef": 0.01} for i in (1, 2)]
+        _write_run(tmp_path / "reuse" / f"rgpo__reuse1__s{seed}",
+                   {"reward": 1.0, "kl_ref": 0.2, "gold": 1.0, "kl_old": 1e-7 * seed, "kl_coef": 0.01,
+                    "rejected_frac": 0.0, "window": [0, 2]}, {"reward": 1.0, "kl_ref": 0.2, "gold": 1.0}, rows)  # fmt: skip
+    text = report.build_studies(str(tmp_path), str(tmp_path / "report"))
+    data = json.load(open(tmp_path / "report" / "studies.json"))
+    rgpo = {p["value"]: p for p in data["frontier"] if p["method"] == "rgpo"}
+    assert (
+        rgpo["0.05"]["source"] == "final"
+        and rgpo["0.05"]["n"] == 2
+        and rgpo["0.2"]["gold"][0] == pytest.approx(1.9)
+    )
+    # RGPO's curve is PPO's + 0.5 at every KL: +0.5 at each PPO point inside RGPO's KL range
+    assert [b["difference"] for b in data["rgpo_at_ppo"]] == pytest.approx([0.5, 0.5, 0.5])
+    reuse1 = next(p for p in data["reuse"] if p["method"] == "rgpo" and p["value"] == "1")
+    assert reuse1["kl_old"][0] == pytest.approx(1.5e-7) and reuse1["n"] == 2
+    assert "Not run yet" in text and "reuse: grpo at 4" in text  # the reuse methods not run are listed
+    for name in ("frontier.png", "reuse.png", "reuse_kl_coef.png", "report.md"):
+        assert (tmp_path / "report" / name).stat().st_size > 0

@@ -94,6 +94,8 @@ def test_selection_takes_the_highest_validation_gold_only_when_every_rate_finish
         sorted({r.method for r in final}) == ["rgpo", "sft"] and len(final) == 5 + 5
     )  # and the SFT baseline
     assert all(r.extra[r.extra.index("--learning_rate") + 1] == "1e-4" for r in final if r.method == "rgpo")
+    # seed by seed, each seed with its SFT baseline: an interrupted suite leaves whole seeds
+    assert [(r.seed, r.method) for r in final] == [(s, m) for s in range(1, 6) for m in ("rgpo", "sft")]
     reuse = rlhf_suite.SUITE_BUILDERS["reuse"](str(results))
     assert sorted({r.tag for r in reuse}) == ["reuse1", "reuse4", "reuse8"] and len(reuse) == 9
     with pytest.raises(SystemExit, match="selection.json is missing"):
