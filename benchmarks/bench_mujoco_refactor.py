@@ -9,8 +9,8 @@ with ``git archive``) and the current script run one after the other (the order 
 is the median of ``iter_time`` over the iterations after the first two (compilation excluded); the reported ratio
 is the median over rounds of baseline time / current time (> 1: the current scripts are faster), beside the ratio
 of the two variants' medians over every timed iteration of every round (pooled). The issue's bar: ratio >= 0.97.
-Single iterations vary by 10-20% on a shared VM even with nothing else running, so use enough rounds and
-iterations; pinning the benchmark to one core (``taskset -c 0``) keeps other work on the other cores out of it.
+Single iterations vary a lot on a shared VM even with nothing else running (see the committed rounds), so use
+enough rounds and iterations, or count calls instead (count_mujoco_calls.py); pinning the benchmark to one core (``taskset -c 0``) keeps other work on the other cores out of it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Python function calls per training iteration of the MuJoCo scripts, current vs an earlier version: a
-deterministic companion to bench_mujoco_refactor.py, whose wall-clock ratios this VM's timing noise (phases of
-+-30% within one run) cannot resolve to the 3% the refactor is held to.
+load-independent companion to bench_mujoco_refactor.py, whose wall-clock ratios a shared VM's timing noise cannot
+resolve to the 3% the refactor is held to.
 
     python benchmarks/count_mujoco_calls.py --baseline-ref <git ref> [--compile]
 
@@ -8,8 +8,8 @@ The two versions compute bit-identical numbers (benchmarks/results/mujoco_bit_id
 kernels on the same data, so what the refactor can change is Python-level work around them. Each script runs
 under ``sys.setprofile`` counting Python calls ("call") and calls into C ("c_call", torch ops included) for
 ``--short`` and ``--long`` iterations (Hopper-v4, width 256, seed 1); the difference divided by the extra
-iterations is the steady-state count per iteration (start-up and compilation cancel out). Deterministic: a rerun
-gives the same counts.
+iterations is the steady-state count per iteration (start-up and compilation cancel out). Counts, not timings:
+the machine's load does not change them (garbage collection can add a few calls).
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def main() -> None:
     lines = ["# MuJoCo scripts: Python calls per iteration, current vs an earlier version", "",
              f"Command: `{info['command']}`; baseline {commit[:10]}, current {head[:10]}; {info['machine']}. "
              f"Hopper-v4, width 256, {'--compile' if a.compile else 'eager (the default)'}; per iteration = (count "
-             f"at {a.long} iterations - count at {a.short}) / {a.long - a.short}. Deterministic.", "",
+             f"at {a.long} iterations - count at {a.short}) / {a.long - a.short}. Counts, not timings: load does not "
+             "change them.", "",
              "| script | Python calls, baseline | current | current / baseline | calls into C (torch ops included), "
              "baseline | current | current / baseline |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
