@@ -508,7 +508,10 @@ def study_table(runs, study: dict) -> list[dict]:
             )
             row = {"env": env, "arm": arm.label, "n": len(rs), "seeds": sorted(r.cfg["seed"] for r in rs),
                    "train": mean_std(train), "eval": mean_std(ev),
-                   "kl": float(pd.concat([r.metrics["kl"] for r in rs]).mean()) if rs else float("nan")}  # fmt: skip
+                   "kl": float(pd.concat([r.metrics["kl"] for r in rs]).mean()) if rs else float("nan"),
+                   # the Gaussian policy's entropy after the last update: how much exploration noise the training
+                   # return (sampled actions) still carries, which the evaluation (mean action) does not
+                   "entropy": mean_std([r.metrics["entropy"].iloc[-1] for r in rs if "entropy" in r.metrics])}  # fmt: skip
             if arm is not study["arms"][0]:
                 row["train_vs_ref"] = welch(train, ref_train)
                 row["eval_vs_ref"] = welch(ev, ref_eval)
@@ -570,15 +573,15 @@ def _p(x) -> str:
 def study_md(runs, study: dict, n_boot=2000) -> str:
     rows = study_table(runs, study)
     lines = [study["title"] + ". Mean ± sample std (n); Welch two-sided against the first arm.", "",
-             "| env | arm | n | training return | evaluation return | mean KL | vs ref (training) | std / ref std | Welch t / df / p (training) | Welch t / df / p (evaluation) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| env | arm | n | training return | evaluation return | mean KL | policy entropy, last iteration | vs ref (training) | std / ref std | Welch t / df / p (training) | Welch t / df / p (evaluation) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         wt = r.get("train_vs_ref", (np.nan,) * 3)
         we = r.get("eval_vs_ref", (np.nan,) * 3)
         diff = r.get("train_diff", np.nan)
         lines.append(
             f"| {r['env']} | {r['arm']} | {r['n']} | {_fmt(*r['train'])} | {_fmt(*r['eval'])} | "
-            f"{r['kl']:.4f} | {'' if not np.isfinite(diff) else f'{diff:+.0%}'} | {_p(r.get('std_ratio', np.nan))} | "
+            f"{r['kl']:.4f} | {_fmt(*r['entropy'], digits=2)} | {'' if not np.isfinite(diff) else f'{diff:+.0%}'} | {_p(r.get('std_ratio', np.nan))} | "
             f"{'' if not np.isfinite(wt[0]) else f'{wt[0]:.2f} / {wt[1]:.1f} / {wt[2]:.3f}'} | "
             f"{'' if not np.isfinite(we[0]) else f'{we[0]:.2f} / {we[1]:.1f} / {we[2]:.3f}'} |"
         )

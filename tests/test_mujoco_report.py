@@ -49,7 +49,7 @@ def write_run(
         "iteration": np.arange(1, n + 1), "global_step": 2048 * np.arange(1, n + 1),
         "episodic_return": np.linspace(0, final_return, n), "return_last100": np.linspace(0, final_return, n),
         "kl": kl, "kl_max": np.asarray(kl) * 2, "kl_final": np.asarray(kl) * 1.5, "ess": np.full(n, 0.9),
-        "grad_var": np.full(n, 1e-3),
+        "grad_var": np.full(n, 1e-3), "entropy": np.linspace(1.0, final_return / 100, n),
     }).to_csv(os.path.join(d, "metrics.csv"), index=False)  # fmt: skip
     if finished:
         with open(os.path.join(d, "final.json"), "w") as f:
@@ -219,6 +219,8 @@ def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
     assert (t, p) == pytest.approx((ref.statistic, ref.pvalue)) and 4 < df < 8
     assert rows["rgpo"]["std_ratio"] == pytest.approx(np.std(rgpo, ddof=1) / np.std(ppo, ddof=1))
     assert rows["rgpo"]["train_diff"] == pytest.approx(np.mean(rgpo) / np.mean(ppo) - 1)
+    ent = np.array(rgpo) / 100  # the last iteration's entropy of each run
+    assert rows["rgpo"]["entropy"] == pytest.approx((ent.mean(), ent.std(ddof=1), 5))
     agg = report.study_aggregate(runs, report.STUDIES["annealed"], n_boot=200)
     norm = np.array(rgpo) / np.mean(ppo)
     assert agg["rgpo"]["iqm"] == pytest.approx(stats.trim_mean(norm, 0.25))
