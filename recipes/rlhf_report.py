@@ -2,6 +2,7 @@
 held-out evaluation the paper does not have, and the figures.
 
     python recipes/rlhf_report.py results/rlhf/tiny-paper [--out results/rlhf/tiny-paper/report]
+    python recipes/rlhf_report.py results/rlhf --studies   # issue 25: tune/ final/ frontier/ reuse/ together
 
 Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.csv}`` (or ``metrics.jsonl``, the same rows;
 results/ keeps the CSV). Per method: mean +- sample std
@@ -14,7 +15,9 @@ With the ``sft`` baseline (the initial policy through the same evaluation) it al
 adds: each method's gold minus the SFT policy's gold (Welch 95% interval over seeds), in the pre-registered
 window and at the method's best 25-iteration bin (picked after seeing the curve, so optimistic), and whether the
 proxy-gold gap grows with KL_ref: per 25-iteration bin of every online run, the proxy shift minus the gold
-shift from the SFT policy, each in units of the SFT policy's per-sample std, against KL_ref (Spearman).
+shift from the SFT policy, each in units of the SFT policy's per-sample std, against KL_ref (Spearman). Pairwise
+tests: two-sided Welch, Holm-corrected within each family (every method vs the SFT policy; RGPO vs every other
+method), on held-out gold, window gold and held-out KL_ref.
 """
 
 from __future__ import annotations
