@@ -459,9 +459,20 @@ def frontier_interpolation(points: list[dict], a: str, b: str) -> list[dict]:
 
 
 def _point_row(p: dict, cols: list[str], digits: int = 3) -> str:
-    return " | ".join(
-        _cell(p[c], digits) if not c.startswith("kl_old") else _cell(p[c], 2 + digits) for c in cols
-    )
+    """Cells of a study point: "not run" without runs, "n/a" where the method does not log the metric, KLhat_old
+    (1e-7 at one reuse) in scientific notation."""
+
+    def cell(c: str) -> str:
+        mean, std, n = p[c]
+        if p["n"] == 0:
+            return "not run"
+        if n == 0:
+            return "n/a"
+        if c == "kl_old":
+            return f"{mean:.2e}" + (f" ± {std:.1e}" if np.isfinite(std) else "")
+        return _cell(p[c], digits)
+
+    return " | ".join(cell(c) for c in cols)
 
 
 def study_markdown(frontier: list[dict], reuse: list[dict], between: list[dict]) -> str:
@@ -473,7 +484,7 @@ def study_markdown(frontier: list[dict], reuse: list[dict], between: list[dict])
     cols = ["gold", "kl_ref", "reward", "window_gold", "window_kl_ref"]
     for p in frontier:
         lines.append(f"| {p['method']} | {p['value']} | {p['n']} | {_point_row(p, cols)} |")
-    if between:
+    if any(b["interpolated"] is not None for b in between):
         lines += ["", "RGPO's frontier at PPO-RLHF's points (RGPO's seed-mean held-out gold interpolated at the "
                   "PPO point's held-out KL_ref; only inside RGPO's KL range):", "",
                   "| PPO beta_ref | PPO KL_ref | PPO gold | RGPO gold at that KL_ref | RGPO - PPO |", "|---|---|---|---|---|"]  # fmt: skip

@@ -226,5 +226,13 @@ def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_pa
     reuse1 = next(p for p in data["reuse"] if p["method"] == "rgpo" and p["value"] == "1")
     assert reuse1["kl_old"][0] == pytest.approx(1.5e-7) and reuse1["n"] == 2
     assert "Not run yet" in text and "reuse: grpo at 4" in text  # the reuse methods not run are listed
+    assert (
+        "| rgpo | 1 | 2 | 1.000 ± 0.000 | 0.200 ± 0.000 | 1.000 ± 0.000 | 1.50e-07 ± 7.1e-08 | 0.010 ± 0.000 |"
+        in text
+    )
+    # num_iterations 2 is the final suite's rgpo runs, which log no KLhat_old, kl_coef or clip fraction here
+    assert "| rgpo | 2 | 2 | 1.700 ± 0.000 | 0.300 ± 0.000 | 1.000 ± 0.000 | n/a | n/a | n/a | n/a |" in text
+    assert "| grpo | 1 | 0 | not run |" in text
+
     for name in ("frontier.png", "reuse.png", "reuse_kl_coef.png", "report.md"):
         assert (tmp_path / "report" / name).stat().st_size > 0
