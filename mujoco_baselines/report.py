@@ -115,9 +115,10 @@ def load_runs(root: str) -> list[Run]:
             continue
         for name in sorted(os.listdir(suite_dir)):
             d = os.path.join(suite_dir, name)
-            if not os.path.isfile(os.path.join(d, "config.json")) or not os.path.isfile(
-                os.path.join(d, "metrics.csv")
-            ):
+            metrics = os.path.join(d, "metrics.csv")
+            if not os.path.isfile(os.path.join(d, "config.json")) or not os.path.isfile(metrics):
+                continue
+            if os.path.getsize(metrics) == 0:  # a run that has just started: no header yet
                 continue
             with open(os.path.join(d, "config.json")) as f:
                 cfg = json.load(f)
@@ -125,7 +126,7 @@ def load_runs(root: str) -> list[Run]:
             if os.path.isfile(os.path.join(d, "final.json")):
                 with open(os.path.join(d, "final.json")) as f:
                     final = json.load(f)
-            runs.append(Run(suite, name, cfg, pd.read_csv(os.path.join(d, "metrics.csv")), final))
+            runs.append(Run(suite, name, cfg, pd.read_csv(metrics), final))
     return runs
 
 

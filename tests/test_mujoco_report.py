@@ -207,6 +207,10 @@ def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
                 )
                 json.dump({"final_return": value, "eval_return_mean": 2 * value}, open(path, "w"))
     write_run(root, "annealed5", "Ant-v4", "ppo", 3, 50.0, [0.01], finished=False)  # running: not counted
+    write_run(root, "annealed5", "Ant-v4", "rgpo", 4, 50.0, [0.01], finished=False)
+    open(
+        os.path.join(root, "annealed5", "Ant-v4__rgpo__default__s4__1000k", "metrics.csv"), "w"
+    ).close()  # just started
     runs = report.load_runs(root)
     rows = {
         r["arm"]: r for r in report.study_table(runs, report.STUDIES["annealed"]) if r["env"] == "Hopper-v4"
