@@ -12,6 +12,7 @@ from mkdocs.structure.files import File
 PUBLISHED = [
     "benchmarks/results/**/*",
     "results/mujoco/report/**/*",
+    "results/rlhf/report/**/*",
     "results/rlhf/*/report/**/*",
     "results/rlhf/tune/selection.*",
 ]
