@@ -410,14 +410,19 @@ def window_mean(run: dict, key: str) -> float | None:
     return float(np.mean(x)) if x else None
 
 
+def load_suite(root: str, suite: str) -> dict[str, list[dict]]:
+    """``load`` of ``<root>/<suite>``; empty when the suite has not started."""
+    path = os.path.join(root, suite)
+    return load(path) if os.path.isdir(path) else {}
+
+
 def study_points(
-    root: str, suite: str, settings: dict[str, tuple[str, ...]], base: str, tag: str
-) -> list[dict]:
-    """One point per method x setting: the suite's ``<method>__<tag><value>`` runs, and at the base value the
-    final suite's runs of the method (same rate and seeds). Mean +- sample std over seeds of the window and
+    suite: str, varied: dict[str, list[dict]], final: dict[str, list[dict]], settings: dict[str, tuple[str, ...]],
+    base: str, tag: str,
+) -> list[dict]:  # fmt: skip
+    """One point per method x setting: the varied suite's ``<method>__<tag><value>`` runs, and at the base value
+    the final suite's runs of the method (same rate and seeds). Mean +- sample std over seeds of the window and
     held-out numbers, and the per-seed values for the tests."""
-    varied = load(os.path.join(root, suite)) if os.path.isdir(os.path.join(root, suite)) else {}
-    final = load(os.path.join(root, "final")) if os.path.isdir(os.path.join(root, "final")) else {}
     points = []
     for m, values in settings.items():
         for v in sorted({*values, base}, key=float):
@@ -588,8 +593,11 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
         parts += ["## Final comparison (selected rates)", "",
                   f"Full table and figures: [final/report/report.md]({os.path.relpath(os.path.join(final, 'report', 'report.md'), out)}).", "",
                   text.split("## Pairwise tests", 1)[1].split("![", 1)[0].strip() if "## Pairwise tests" in text else "", ""]  # fmt: skip
-    frontier = study_points(root, "frontier", FRONTIER_BETAS, FRONTIER_BASE, "beta")
-    reuse = study_points(root, "reuse", REUSE, REUSE_BASE, "reuse")
+    final_runs = load_suite(root, "final")  # the base point of both studies, read once
+    frontier = study_points(
+        "frontier", load_suite(root, "frontier"), final_runs, FRONTIER_BETAS, FRONTIER_BASE, "beta"
+    )
+    reuse = study_points("reuse", load_suite(root, "reuse"), final_runs, REUSE, REUSE_BASE, "reuse")
     between = frontier_interpolation(frontier, "rgpo", "ppo")
     with open(os.path.join(out, "studies.json"), "w") as f:
         strip = lambda pts: [{k: v for k, v in p.items() if k != "runs"} for p in pts]  # noqa: E731
