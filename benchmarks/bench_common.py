@@ -12,6 +12,17 @@ from types import ModuleType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# one torch thread and one compile worker per script run: the A/B benchmarks of the scripts compare one core's work
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
+def hopper_args(out: str, iterations: int, compile_: bool) -> list[str]:
+    """A MuJoCo script's arguments for a short, quiet benchmark run: Hopper-v4, seed 1, width 256, ``iterations``
+    rollouts of 2048 steps into ``out``/r, no evaluation."""
+    return ["--env-id", "Hopper-v4", "--seed", "1", "--hidden-size", "256", "--total-timesteps", str(2048 * iterations),
+            "--output-dir", out, "--run-name", "r", "--no-tensorboard", "--no-verbose", "--eval-episodes", "0",
+            *(["--compile"] if compile_ else [])]  # fmt: skip
+
 
 def load_script(method: str) -> ModuleType:
     """mujoco_baselines/{method}_continuous_action.py as a module (registered, so dataclasses and pickling work)."""

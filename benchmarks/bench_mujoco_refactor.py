@@ -23,16 +23,14 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import ROOT, extract_baseline, run_info, write_outputs
+from bench_common import ONE_THREAD, ROOT, extract_baseline, hopper_args, run_info, write_outputs
 
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
 
 
 def iteration_time(script: str, out: str, iterations: int, env: dict) -> float:
-    subprocess.run([sys.executable, script, "--env-id", "Hopper-v4", "--seed", "1", "--compile", "--hidden-size", "256",
-                    "--total-timesteps", str(2048 * iterations), "--output-dir", out, "--run-name", "r",
-                    "--no-tensorboard", "--no-verbose", "--eval-episodes", "0"],
-                   check=True, env=env, capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, script, *hopper_args(out, iterations, compile_=True)], check=True, env=env,
+                   capture_output=True)  # fmt: skip
     with open(os.path.join(out, "r", "metrics.csv")) as f:
         times = [float(row["iter_time"]) for row in csv.DictReader(f)]
     return times[2:]
@@ -46,7 +44,7 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_refactor"))
     a = p.parse_args()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env = {**os.environ, **ONE_THREAD}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         commit, head = extract_baseline(a.baseline_ref, tmp)

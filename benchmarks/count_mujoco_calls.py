@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import ROOT, extract_baseline, run_info, write_outputs
+from bench_common import ONE_THREAD, ROOT, extract_baseline, hopper_args, run_info, write_outputs
 
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
 
@@ -46,11 +46,8 @@ finally:
 def count_calls(script: str, out: str, iterations: int, compile_: bool, env: dict) -> dict[str, int]:
     result = os.path.join(out, "counts.json")
     os.makedirs(out, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-c", COUNTER, script, result, "--env-id", "Hopper-v4", "--seed", "1",
-                    "--hidden-size", "256", "--total-timesteps", str(2048 * iterations), "--output-dir", out,
-                    "--run-name", "r", "--no-tensorboard", "--no-verbose", "--eval-episodes", "0",
-                    *(["--compile"] if compile_ else [])],
-                   env=env, capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", COUNTER, script, result, *hopper_args(out, iterations, compile_)],
+                          env=env, capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
         raise SystemExit(f"{script} failed under the call counter:\n{proc.stderr[-3000:]}")
     with open(result) as f:
@@ -69,7 +66,7 @@ def main() -> None:
     out = a.out or os.path.join(
         ROOT, "benchmarks", "results", "mujoco_calls" + ("_compile" if a.compile else "")
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env = {**os.environ, **ONE_THREAD}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         commit, head = extract_baseline(a.baseline_ref, tmp)
