@@ -105,11 +105,14 @@ SUITES: dict[str, list[Run]] = {
     # setting (no learning-rate annealing); kl_budget separates the gate from the trust-region size: RGPO at
     # larger KL targets, and PPO with CleanRL's KL early stop.
     "annealed5": _grid("annealed5", ["ppo", "rgpo"], MUJOCO_ENVS, [3, 4]),
-    "kl_budget": _grid(
-        "kl_budget", ["rgpo"], ["Ant-v4", "HalfCheetah-v4"], [0, 1, 2],
-        variants=(("target0.05", ("--kl-target", "0.05")), ("target0.1", ("--kl-target", "0.1"))),
-    )
-    + _grid("kl_budget", ["ppo"], ["Ant-v4", "HalfCheetah-v4"], [0, 1, 2], variants=(("targetkl0.03", ("--target-kl", "0.03")),)),
+    "kl_budget": sorted(  # seeds outermost across both methods: a partial suite still has every arm per seed
+        _grid(
+            "kl_budget", ["rgpo"], ["Ant-v4", "HalfCheetah-v4"], [0, 1, 2],
+            variants=(("target0.05", ("--kl-target", "0.05")), ("target0.1", ("--kl-target", "0.1"))),
+        )
+        + _grid("kl_budget", ["ppo"], ["Ant-v4", "HalfCheetah-v4"], [0, 1, 2], variants=(("targetkl0.03", ("--target-kl", "0.03")),)),
+        key=lambda run: run.seed,
+    ),
     "constant_lr": _grid("constant_lr", ["ppo", "rgpo"], MUJOCO_ENVS, [0, 1, 2, 3, 4], variants=(("constant_lr", ("--no-anneal-lr",)),)),
     # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (issue: "MuJoCo
     # scripts twice as fast"; read by benchmarks/compile_equivalence.py)
