@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from bench_common import ONE_THREAD
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
@@ -138,8 +140,7 @@ def main() -> None:
     print({e: round(r) for e, r in raw.items()}, flush=True)
 
     # one core per run, compilation included (inductor compiles on all cores by default), as grid.py runs them
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    env = {**os.environ, **ONE_THREAD, "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1",
               "--no-tensorboard", "--no-verbose", "--checkpoint-every", "0"]  # fmt: skip

@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from bench_common import ONE_THREAD
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (description, old, new): each must match exactly once in CleanRL's file.
@@ -99,7 +101,8 @@ def run(cmd, cwd, env):
 
 
 def e2e(args, tmp):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    # eager runs only: ONE_THREAD's inductor setting is inert here
+    env = {**os.environ, **ONE_THREAD, "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     cleanrl_dir = os.path.join(tmp, "cleanrl")
     os.makedirs(cleanrl_dir)

@@ -366,6 +366,7 @@ def test_rgpo_script_imports_library_loss():
     not os.environ.get("CLEANRL_PATH"), reason="set CLEANRL_PATH to a vwxyzjn/cleanrl checkout"
 )
 def test_cleanrl_gymnasium1_patches_apply():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # the bench imports its sibling bench_common
     spec = importlib.util.spec_from_file_location(
         "bench", os.path.join(ROOT, "benchmarks", "bench_mujoco_speed.py")
     )
