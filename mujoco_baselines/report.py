@@ -485,6 +485,13 @@ STUDIES = {
             Arm("rgpo, target 0.05", "rgpo", (("kl_budget", "target0.05"),)),
             Arm("rgpo, target 0.1", "rgpo", (("kl_budget", "target0.1"),)),
         ),
+        # beyond the comparisons with the first arm: KL-capped PPO against RGPO at its default budget
+        "contrasts": (("ppo, target_kl 0.03", "rgpo, target 0.02"),),
+        # how the study is read, fixed before its runs
+        "reading": "Read per environment: the gap is the *budget* if RGPO's deficit to PPO shrinks as its target "
+        "grows (no significant difference from PPO at 0.05 or 0.1) and KL-capped PPO falls towards RGPO at 0.02 "
+        "(below PPO, no significant difference from RGPO at 0.02); it is the *gate* if RGPO stays below PPO at "
+        "targets whose mean KL reaches PPO's; anything else is undecided at n = 3.",
     },
 }
 
@@ -520,6 +527,27 @@ def study_table(runs, study: dict) -> list[dict]:
                 row["train_diff"] = row["train"][0] / ref_mean - 1 if ref_train else float("nan")
                 row["std_ratio"] = row["train"][1] / ref_std if len(ref_train) > 1 else float("nan")
             rows.append(row)
+    return rows
+
+
+def study_contrasts(runs, study: dict) -> list[dict]:
+    """The study's extra pairs of arms (``study["contrasts"]``), per environment: mean training and evaluation
+    return of each, the relative difference, two-sided Welch t / df / p on both, and each arm's mean KL."""
+    arms = {a.label: a for a in study["arms"]}
+    rows = []
+    for env in study["envs"]:
+        for a_label, b_label in study.get("contrasts", ()):
+            a, b = arms[a_label].runs(runs, env), arms[b_label].runs(runs, env)
+            a_train, b_train = [r.final_return for r in a], [r.final_return for r in b]
+            a_eval = [v for v in map(_eval, a) if np.isfinite(v)]
+            b_eval = [v for v in map(_eval, b) if np.isfinite(v)]
+            b_mean = mean_std(b_train)[0]
+            rows.append({"env": env, "a": a_label, "b": b_label, "train_a": mean_std(a_train),
+                         "train_b": mean_std(b_train),
+                         "diff": mean_std(a_train)[0] / b_mean - 1 if b_train else float("nan"),
+                         "train": welch(a_train, b_train), "eval": welch(a_eval, b_eval),
+                         "kl_a": float(pd.concat([r.metrics["kl"] for r in a]).mean()) if a else float("nan"),
+                         "kl_b": float(pd.concat([r.metrics["kl"] for r in b]).mean()) if b else float("nan")})  # fmt: skip
     return rows
 
 
@@ -571,21 +599,42 @@ def _p(x) -> str:
     return "" if not np.isfinite(x) else f"{x:.3f}"
 
 
+def _kl(x) -> str:
+    return "-" if not np.isfinite(x) else f"{x:.4f}"
+
+
+def _pct(x) -> str:
+    return "" if not np.isfinite(x) else f"{x:+.0%}"
+
+
+def _tdp(w) -> str:
+    """A Welch result (t, df, p) as 't / df / p'; empty when there is none."""
+    return "" if w is None or not np.isfinite(w[0]) else f"{w[0]:.2f} / {w[1]:.1f} / {w[2]:.3f}"
+
+
 def study_md(runs, study: dict, n_boot=2000) -> str:
     rows = study_table(runs, study)
     lines = [study["title"] + ". Mean ± sample std (n); Welch two-sided against the first arm.", "",
              "| env | arm | n | training return | evaluation return | mean KL | policy entropy, last iteration | vs ref (training) | std / ref std | Welch t / df / p (training) | Welch t / df / p (evaluation) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        wt = r.get("train_vs_ref", (np.nan,) * 3)
-        we = r.get("eval_vs_ref", (np.nan,) * 3)
-        diff = r.get("train_diff", np.nan)
         lines.append(
             f"| {r['env']} | {r['arm']} | {r['n']} | {_fmt(*r['train'])} | {_fmt(*r['eval'])} | "
-            f"{r['kl']:.4f} | {_fmt(*r['entropy'], digits=2)} | {'' if not np.isfinite(diff) else f'{diff:+.0%}'} | {_p(r.get('std_ratio', np.nan))} | "
-            f"{'' if not np.isfinite(wt[0]) else f'{wt[0]:.2f} / {wt[1]:.1f} / {wt[2]:.3f}'} | "
-            f"{'' if not np.isfinite(we[0]) else f'{we[0]:.2f} / {we[1]:.1f} / {we[2]:.3f}'} |"
+            f"{r['kl']:.4f} | {_fmt(*r['entropy'], digits=2)} | {_pct(r.get('train_diff', np.nan))} | "
+            f"{_p(r.get('std_ratio', np.nan))} | {_tdp(r.get('train_vs_ref'))} | {_tdp(r.get('eval_vs_ref'))} |"
         )
+    contrasts = study_contrasts(runs, study)
+    if contrasts:
+        lines += ["", "Further pairs (Welch two-sided, a against b):", "",
+                  "| env | a | b | training return a | training return b | a vs b | Welch t / df / p (training) | Welch t / df / p (evaluation) | mean KL a / b |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for c in contrasts:
+            lines.append(
+                f"| {c['env']} | {c['a']} | {c['b']} | {_fmt(*c['train_a'])} | {_fmt(*c['train_b'])} | "
+                f"{_pct(c['diff'])} | {_tdp(c['train'])} | {_tdp(c['eval'])} | {_kl(c['kl_a'])} / {_kl(c['kl_b'])} |"
+            )
+    if study.get("reading"):
+        lines += ["", study["reading"]]
     for name, key in (("training return", lambda r: r.final_return), ("evaluation return", _eval)):
         agg = study_aggregate(runs, study, n_boot, key)
         if not agg:
@@ -774,6 +823,9 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
         json.dump(agg, f, indent=2)
     figs = (figures(runs, out) + study_figures(runs, out)) if plots else []
     studies = {name: study_table(runs, study) for name, study in STUDIES.items()}
+    studies.update(
+        {f"{name}_contrasts": study_contrasts(runs, s) for name, s in STUDIES.items() if s.get("contrasts")}
+    )
     with open(os.path.join(out, "studies.json"), "w") as f:
         json.dump(studies, f, indent=2)
     sections = [

@@ -236,3 +236,34 @@ def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
     assert "When does RGPO help? annealed" in text and "| Ant-v4 | ppo | 0 | not run |" in text
     assert os.path.exists(tmp_path / "out" / "return_vs_movement.png")
     assert os.path.exists(tmp_path / "out" / "performance_profile_annealed.png")
+
+
+def test_kl_budget_contrast_tests_capped_ppo_against_rgpo_at_its_default_budget(tmp_path):
+    """The kl_budget study's extra pair: PPO with target_kl 0.03 (kl_budget suite) against RGPO at target 0.02
+    (main's seeds 0-2 only), Welch two-sided against scipy, each arm's mean KL over its iterations."""
+    root = str(tmp_path / "results")
+    capped, rgpo = [900.0, 1100.0, 1300.0], [700.0, 650.0, 900.0]
+    for seed in range(3):
+        write_run(
+            root, "kl_budget", "Ant-v4", "ppo", seed, capped[seed], [0.03, 0.01], variant="targetkl0.03"
+        )
+        write_run(root, "main", "Ant-v4", "rgpo", seed, rgpo[seed], [0.02, 0.02 + seed / 100])
+    write_run(root, "annealed5", "Ant-v4", "rgpo", 3, 5000.0, [0.5])  # seed 3: not in the study's seeds 0-2
+    (row,) = [
+        c
+        for c in report.study_contrasts(report.load_runs(root), report.STUDIES["kl_budget"])
+        if c["env"] == "Ant-v4"
+    ]
+    assert (row["a"], row["b"]) == ("ppo, target_kl 0.03", "rgpo, target 0.02")
+    ref = stats.ttest_ind(capped, rgpo, equal_var=False)
+    assert (row["train"][0], row["train"][2]) == pytest.approx((ref.statistic, ref.pvalue))
+    assert row["diff"] == pytest.approx(np.mean(capped) / np.mean(rgpo) - 1)
+    assert row["kl_a"] == pytest.approx(0.02) and row["kl_b"] == pytest.approx(
+        np.mean([0.02, 0.02, 0.02, 0.03, 0.02, 0.04])
+    )
+    assert np.isnan(row["eval"][0])  # no evaluation in these runs: no test, not a zero
+    md = report.study_md(report.load_runs(root), report.STUDIES["kl_budget"], n_boot=50)
+    assert (
+        f"{ref.statistic:.2f} / " in md
+        and "| HalfCheetah-v4 | ppo, target_kl 0.03 | rgpo, target 0.02 | not run |" in md
+    )
