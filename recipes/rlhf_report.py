@@ -366,8 +366,11 @@ def _save(fig, out, name) -> str:
     return name
 
 
-def build_report(results: str, out: str, plots: bool = True) -> str:
-    runs = load(results)
+def build_report(
+    results: str, out: str, plots: bool = True, runs: dict[str, list[dict]] | None = None
+) -> str:
+    """The comparison report of one suite folder (``runs``: its runs when the caller has loaded them)."""
+    runs = load(results) if runs is None else runs
     os.makedirs(out, exist_ok=True)
     rows = table(runs)
     with open(os.path.join(out, "table.json"), "w") as f:
@@ -587,13 +590,15 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
     if os.path.exists(selection):
         with open(selection) as f:
             parts += ["## Learning-rate selection", "", f.read().split("\n", 2)[2].strip(), ""]
-    final = os.path.join(root, "final")
+    final, final_runs = (
+        os.path.join(root, "final"),
+        load_suite(root, "final"),
+    )  # read once: also both studies' base
     if os.path.isdir(final):
-        text = build_report(final, os.path.join(final, "report"), plots)
+        text = build_report(final, os.path.join(final, "report"), plots, final_runs)
         parts += ["## Final comparison (selected rates)", "",
                   f"Full table and figures: [final/report/report.md]({os.path.relpath(os.path.join(final, 'report', 'report.md'), out)}).", "",
                   text.split("## Pairwise tests", 1)[1].split("![", 1)[0].strip() if "## Pairwise tests" in text else "", ""]  # fmt: skip
-    final_runs = load_suite(root, "final")  # the base point of both studies, read once
     frontier = study_points(
         "frontier", load_suite(root, "frontier"), final_runs, FRONTIER_BETAS, FRONTIER_BASE, "beta"
     )
