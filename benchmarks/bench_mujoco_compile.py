@@ -32,10 +32,9 @@ import sys
 import tempfile
 import time
 
-from bench_common import ONE_THREAD
+from bench_common import ONE_THREAD, extract_baseline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
 ENVS = ["Hopper-v4", "Walker2d-v4", "HalfCheetah-v4", "Ant-v4"]
 
@@ -126,7 +125,6 @@ def main() -> None:
     if not args.baseline_ref:
         parser.error("--baseline-ref is required (unless --render-only)")
 
-    from bench_common import extract_baseline
     from bench_mujoco_speed import find_cleanrl_file, patch_cleanrl
 
     tmp = tempfile.mkdtemp(prefix="bench_compile_")

@@ -500,6 +500,16 @@ def _eval(r) -> float:
     return float(r.final.get("eval_return_mean", float("nan")))
 
 
+def _eval_values(rs) -> list[float]:
+    """The deterministic-evaluation returns of the runs that have one."""
+    return [v for v in map(_eval, rs) if np.isfinite(v)]
+
+
+def _mean_kl(rs) -> float:
+    """Mean KL to pi_old over every iteration of the runs (nan without runs)."""
+    return float(pd.concat([r.metrics["kl"] for r in rs]).mean()) if rs else float("nan")
+
+
 def study_table(runs, study: dict) -> list[dict]:
     """Per environment and arm: n, training return (last 100 episodes) and deterministic-evaluation return as
     mean, sample std and n; mean KL; against the reference arm (the first): relative difference and two-sided
@@ -509,14 +519,10 @@ def study_table(runs, study: dict) -> list[dict]:
         ref = study["arms"][0].runs(runs, env)
         for arm in study["arms"]:
             rs = arm.runs(runs, env)
-            train, ev = [r.final_return for r in rs], [v for v in map(_eval, rs) if np.isfinite(v)]
-            ref_train, ref_eval = (
-                [r.final_return for r in ref],
-                [v for v in map(_eval, ref) if np.isfinite(v)],
-            )
+            train, ev = [r.final_return for r in rs], _eval_values(rs)
+            ref_train, ref_eval = [r.final_return for r in ref], _eval_values(ref)
             row = {"env": env, "arm": arm.label, "n": len(rs), "seeds": sorted(r.cfg["seed"] for r in rs),
-                   "train": mean_std(train), "eval": mean_std(ev),
-                   "kl": float(pd.concat([r.metrics["kl"] for r in rs]).mean()) if rs else float("nan"),
+                   "train": mean_std(train), "eval": mean_std(ev), "kl": _mean_kl(rs),
                    # the Gaussian policy's entropy after the last update: how much exploration noise the training
                    # return (sampled actions) still carries, which the evaluation (mean action) does not
                    "entropy": mean_std([r.metrics["entropy"].iloc[-1] for r in rs if "entropy" in r.metrics])}  # fmt: skip
@@ -539,15 +545,11 @@ def study_contrasts(runs, study: dict) -> list[dict]:
         for a_label, b_label in study.get("contrasts", ()):
             a, b = arms[a_label].runs(runs, env), arms[b_label].runs(runs, env)
             a_train, b_train = [r.final_return for r in a], [r.final_return for r in b]
-            a_eval = [v for v in map(_eval, a) if np.isfinite(v)]
-            b_eval = [v for v in map(_eval, b) if np.isfinite(v)]
-            b_mean = mean_std(b_train)[0]
-            rows.append({"env": env, "a": a_label, "b": b_label, "train_a": mean_std(a_train),
-                         "train_b": mean_std(b_train),
-                         "diff": mean_std(a_train)[0] / b_mean - 1 if b_train else float("nan"),
-                         "train": welch(a_train, b_train), "eval": welch(a_eval, b_eval),
-                         "kl_a": float(pd.concat([r.metrics["kl"] for r in a]).mean()) if a else float("nan"),
-                         "kl_b": float(pd.concat([r.metrics["kl"] for r in b]).mean()) if b else float("nan")})  # fmt: skip
+            train_a, train_b = mean_std(a_train), mean_std(b_train)
+            rows.append({"env": env, "a": a_label, "b": b_label, "train_a": train_a, "train_b": train_b,
+                         "diff": train_a[0] / train_b[0] - 1 if b_train else float("nan"),
+                         "train": welch(a_train, b_train), "eval": welch(_eval_values(a), _eval_values(b)),
+                         "kl_a": _mean_kl(a), "kl_b": _mean_kl(b)})  # fmt: skip
     return rows
 
 

@@ -590,10 +590,8 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
     if os.path.exists(selection):
         with open(selection) as f:
             parts += ["## Learning-rate selection", "", f.read().split("\n", 2)[2].strip(), ""]
-    final, final_runs = (
-        os.path.join(root, "final"),
-        load_suite(root, "final"),
-    )  # read once: also both studies' base
+    final = os.path.join(root, "final")
+    final_runs = load_suite(root, "final")  # read once: the final report's runs and both studies' base point
     if os.path.isdir(final):
         text = build_report(final, os.path.join(final, "report"), plots, final_runs)
         parts += ["## Final comparison (selected rates)", "",
