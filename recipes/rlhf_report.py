@@ -452,18 +452,74 @@ def study_points(
     return points
 
 
-def frontier_interpolation(points: list[dict], a: str, b: str) -> list[dict]:
+def _interpolate(curve: list[tuple[float, float]], kl: float) -> float | None:
+    """Gold on the piecewise-linear ``curve`` [(KL_ref, gold), ...] at ``kl``; None outside its KL range."""
+    curve = sorted(curve)
+    if len(curve) < 2 or not curve[0][0] <= kl <= curve[-1][0]:
+        return None
+    return float(np.interp(kl, [c[0] for c in curve], [c[1] for c in curve]))
+
+
+def frontier_interpolation(
+    points: list[dict], a: str, b: str, n_boot: int = 10_000, seed: int = 0
+) -> list[dict]:
     """At each of ``b``'s points, ``a``'s held-out gold linearly interpolated at ``b``'s held-out KL_ref on the
-    seed-mean curve of ``a`` (only inside ``a``'s KL range): a positive difference = ``a``'s frontier above."""
-    curve = sorted((p["kl_ref"][0], p["gold"][0]) for p in points if p["method"] == a and p["n"] > 0)
+    seed-mean curve of ``a`` (only inside ``a``'s KL range): a positive difference = ``a``'s frontier above. The
+    95% interval resamples the seeds of every point with replacement (percentile bootstrap; resamples whose KL
+    falls outside ``a``'s range are dropped, and ``inside`` says what share was kept)."""
+    mine = [p for p in points if p["method"] == a and p["n"] > 0]
+    curve = [(p["kl_ref"][0], p["gold"][0]) for p in mine]
+    rng = np.random.default_rng(seed)
+
+    def resampled(
+        p: dict,
+    ) -> tuple[np.ndarray, np.ndarray]:  # n_boot seed-mean (KL_ref, gold) pairs of a point
+        kl, gold = np.asarray(p["kl_ref_values"], float), np.asarray(p["gold_values"], float)
+        idx = rng.integers(0, len(kl), size=(n_boot, len(kl)))
+        return kl[idx].mean(1), gold[idx].mean(1)
+
     out = []
     for p in (p for p in points if p["method"] == b and p["n"] > 0):
         kl, gold = p["kl_ref"][0], p["gold"][0]
-        inside = len(curve) >= 2 and curve[0][0] <= kl <= curve[-1][0]
-        other = float(np.interp(kl, [c[0] for c in curve], [c[1] for c in curve])) if inside else None
-        out.append({"at": b, "value": p["value"], "kl_ref": kl, "gold": gold, "interpolated": other,
-                    "difference": None if other is None else other - gold})  # fmt: skip
+        other = _interpolate(curve, kl)
+        row = {"at": b, "value": p["value"], "n": p["n"], "kl_ref": kl, "gold": gold, "interpolated": other,
+               "difference": None if other is None else other - gold, "low": None, "high": None, "inside": 0.0}  # fmt: skip
+        if other is not None and all(q["n"] >= 2 for q in [*mine, p]):
+            curves = [resampled(q) for q in mine]
+            b_kl, b_gold = resampled(p)
+            diffs = [
+                g - b_gold[i]
+                for i in range(n_boot)
+                if (g := _interpolate([(c[0][i], c[1][i]) for c in curves], b_kl[i])) is not None
+            ]
+            row["inside"] = len(diffs) / n_boot
+            if diffs:
+                row["low"], row["high"] = (float(x) for x in np.percentile(diffs, [2.5, 97.5]))
+        out.append(row)
     return out
+
+
+def reuse_tests(points: list[dict], a: str = "rgpo", key: str = "gold") -> list[dict]:
+    """At each num_iterations, ``a`` against every other method on held-out ``key`` (two-sided Welch, Holm over the
+    comparisons at that value), and each method's change from the fewest to the most reuses (Welch): "does RGPO
+    degrade more gracefully than clipping as samples get staler?" """
+    by = {(p["method"], p["value"]): p[f"{key}_values"] for p in points if p["n"] >= 2}
+    values = sorted({v for _, v in by}, key=float)
+    rows = []
+    for v in values:
+        family = [(a, m) for m, w in by if w == v and m != a and (a, v) in by]
+        tests = [(x, y, *welch_test(by[(x, v)], by[(y, v)])) for x, y in family]
+        for (x, y, diff, low, high, p), adjusted in zip(tests, holm([t[-1] for t in tests]), strict=True):
+            rows.append({"kind": "vs", "value": v, "a": x, "b": y, "diff": diff, "low": low, "high": high,
+                         "p": p, "p_holm": adjusted})  # fmt: skip
+    if len(values) >= 2:
+        first, last = values[0], values[-1]
+        for m in dict.fromkeys(m for m, _ in by):
+            if (m, first) in by and (m, last) in by:
+                diff, low, high, p = welch_test(by[(m, last)], by[(m, first)])
+                rows.append({"kind": "change", "value": f"{first}->{last}", "a": m, "b": m, "diff": diff,
+                             "low": low, "high": high, "p": p, "p_holm": None})  # fmt: skip
+    return rows
 
 
 def _point_row(p: dict, cols: list[str], digits: int = 3) -> str:
@@ -483,7 +539,9 @@ def _point_row(p: dict, cols: list[str], digits: int = 3) -> str:
     return " | ".join(cell(c) for c in cols)
 
 
-def study_markdown(frontier: list[dict], reuse: list[dict], between: list[dict]) -> str:
+def study_markdown(
+    frontier: list[dict], reuse: list[dict], between: list[dict], tests: list[dict] = ()
+) -> str:
     lines = ["## KL frontiers (beta_ref)", "",
              "Held-out: 64 test prompts x the runs' samples per prompt after training; window: iterations 300-400 "
              "on the training prompts. The base beta_ref (the preset's) is the final suite's runs.", "",
@@ -494,12 +552,18 @@ def study_markdown(frontier: list[dict], reuse: list[dict], between: list[dict])
         lines.append(f"| {p['method']} | {p['value']} | {p['n']} | {_point_row(p, cols)} |")
     if any(b["interpolated"] is not None for b in between):
         lines += ["", "RGPO's frontier at PPO-RLHF's points (RGPO's seed-mean held-out gold interpolated at the "
-                  "PPO point's held-out KL_ref; only inside RGPO's KL range):", "",
-                  "| PPO beta_ref | PPO KL_ref | PPO gold | RGPO gold at that KL_ref | RGPO - PPO |", "|---|---|---|---|---|"]  # fmt: skip
+                  "PPO point's held-out KL_ref; only inside RGPO's KL range; 95% interval: seeds resampled within "
+                  "every point, 10,000 times). Reading rule, fixed before the frontier runs: RGPO's frontier lies "
+                  "above (below) PPO-RLHF's at a point where the interval excludes 0 on the positive (negative) "
+                  "side; otherwise no significant difference there.", "",
+                  "| PPO beta_ref | PPO KL_ref | PPO gold | RGPO gold at that KL_ref | RGPO - PPO | 95% interval | "
+                  "resamples inside RGPO's range |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for b in between:
             rg = "outside RGPO's range" if b["interpolated"] is None else f"{b['interpolated']:.3f}"
             diff = "-" if b["difference"] is None else f"{b['difference']:+.3f}"
-            lines.append(f"| {b['value']} | {b['kl_ref']:.3f} | {b['gold']:.3f} | {rg} | {diff} |")
+            ci = "-" if b["low"] is None else f"[{b['low']:+.3f}, {b['high']:+.3f}]"
+            lines.append(f"| {b['value']} | {b['kl_ref']:.3f} | {b['gold']:.3f} | {rg} | {diff} | {ci} | "
+                         f"{b['inside']:.0%} |")  # fmt: skip
     lines += ["", "## Batch reuse (num_iterations)", "",
               "Window means (iterations 300-400) over seeds; KLhat_old, kl_coef and the rejected fraction are RGPO's "
               "own statistics (rgpo/*); the clipped fraction is the clip methods' clip_ratio/region_mean. The "
@@ -509,6 +573,17 @@ def study_markdown(frontier: list[dict], reuse: list[dict], between: list[dict])
     for p in reuse:
         lines.append(f"| {p['method']} | {p['value']} | {p['n']} | "
                      f"{_point_row(p, ['gold', 'kl_ref', 'window_reward', 'kl_old', 'kl_coef', 'rejected_frac', 'clip_frac'])} |")  # fmt: skip
+    if tests:
+        lines += ["", "Held-out gold: RGPO against each method at every num_iterations (two-sided Welch, Holm over "
+                  "the comparisons at that value), and each method's change from the fewest to the most reuses "
+                  "(Welch). Reading rule, fixed before the reuse runs: RGPO degrades more gracefully than a method "
+                  "if at the most reuses it is above it (Holm p < 0.05); otherwise no significant difference.", "",
+                  "| num_iterations | comparison | difference | Welch 95% CI | p | Holm p |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for t in tests:
+            what = f"{t['a']} - {t['b']}" if t["kind"] == "vs" else f"{t['a']}: most - fewest reuses"
+            holm_p = "-" if t["p_holm"] is None else f"{t['p_holm']:.3g}"
+            lines.append(f"| {t['value']} | {what} | {t['diff']:+.3f} | [{t['low']:+.3f}, {t['high']:+.3f}] | "
+                         f"{t['p']:.3g} | {holm_p} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -602,10 +677,12 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
     )
     reuse = study_points("reuse", load_suite(root, "reuse"), final_runs, REUSE, REUSE_BASE, "reuse")
     between = frontier_interpolation(frontier, "rgpo", "ppo")
+    tests = reuse_tests(reuse)
     with open(os.path.join(out, "studies.json"), "w") as f:
         strip = lambda pts: [{k: v for k, v in p.items() if k != "runs"} for p in pts]  # noqa: E731
-        json.dump({"frontier": strip(frontier), "rgpo_at_ppo": between, "reuse": strip(reuse)}, f, indent=2)
-    parts += [study_markdown(frontier, reuse, between), ""]
+        json.dump({"frontier": strip(frontier), "rgpo_at_ppo": between, "reuse": strip(reuse), "reuse_tests": tests},
+                  f, indent=2)  # fmt: skip
+    parts += [study_markdown(frontier, reuse, between, tests), ""]
     missing = [f"{p['source']}: {p['method']} at {p['value']}" for p in frontier + reuse if p["n"] == 0]
     if missing:
         parts += ["Not run yet: " + "; ".join(missing) + ".", ""]

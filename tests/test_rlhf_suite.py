@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -223,6 +225,8 @@ def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_pa
     )
     # RGPO's curve is PPO's + 0.5 at every KL: +0.5 at each PPO point inside RGPO's KL range
     assert [b["difference"] for b in data["rgpo_at_ppo"]] == pytest.approx([0.5, 0.5, 0.5])
+    # identical seeds: every bootstrap resample gives the same difference, so the interval is that point
+    assert [x for b in data["rgpo_at_ppo"] for x in (b["low"], b["high"])] == pytest.approx([0.5] * 6)
     reuse1 = next(p for p in data["reuse"] if p["method"] == "rgpo" and p["value"] == "1")
     assert reuse1["kl_old"][0] == pytest.approx(1.5e-7) and reuse1["n"] == 2
     assert "Not run yet" in text and "reuse: grpo at 4" in text  # the reuse methods not run are listed
@@ -236,3 +240,54 @@ def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_pa
 
     for name in ("frontier.png", "reuse.png", "reuse_kl_coef.png", "report.md"):
         assert (tmp_path / "report" / name).stat().st_size > 0
+
+
+def _point(method, value, kl, gold):
+    return {"method": method, "value": value, "n": len(gold), "kl_ref": (float(np.mean(kl)), 0.0, len(kl)),
+            "gold": (float(np.mean(gold)), 0.0, len(gold)), "kl_ref_values": kl, "gold_values": gold}  # fmt: skip
+
+
+def test_frontier_interval_resamples_seeds_of_both_methods():
+    import pytest
+
+    report = _load("rlhf_report")
+    # RGPO's curve is noiseless (gold 2 - KL); PPO's point has KL 0.3 on both seeds and gold 1.0 or 1.4. A
+    # resample's PPO mean is 1.0 (p 1/4), 1.2 (1/2) or 1.4 (1/4), so the 2.5 / 97.5 percentiles are the extremes:
+    # RGPO's 1.7 minus 1.4 and minus 1.0
+    points = [_point("rgpo", v, [kl, kl], [2 - kl, 2 - kl]) for v, kl in (("a", 0.1), ("b", 0.6))]
+    points.append(_point("ppo", "c", [0.3, 0.3], [1.0, 1.4]))
+    (row,) = report.frontier_interpolation(points, "rgpo", "ppo", n_boot=4000)
+    assert row["difference"] == pytest.approx(0.5)
+    assert (row["low"], row["high"], row["inside"]) == pytest.approx((0.3, 0.7, 1.0))
+    # a PPO point outside RGPO's KL range has no interpolation and no interval
+    (row,) = report.frontier_interpolation(
+        [*points[:2], _point("ppo", "d", [0.9, 0.9], [1.0, 1.4])], "rgpo", "ppo"
+    )
+    assert row["interpolated"] is None and row["low"] is None
+
+
+def test_reuse_tests_are_welch_with_holm_at_each_reuse_count():
+    import pytest
+    from scipy import stats
+
+    report = _load("rlhf_report")
+    gold = {("rgpo", "1"): [2.0, 2.1, 1.9], ("rgpo", "8"): [1.8, 1.9, 2.0], ("grpo", "1"): [1.9, 2.0, 2.2],
+            ("grpo", "8"): [1.2, 1.5, 1.3], ("ppo_clip_kl", "8"): [1.6, 1.7, 1.5]}  # fmt: skip
+    points = [_point(m, v, [0.1] * 3, g) for (m, v), g in gold.items()]
+    rows = report.reuse_tests(points)
+    at8 = [r for r in rows if r["kind"] == "vs" and r["value"] == "8"]
+    assert [(r["a"], r["b"]) for r in at8] == [("rgpo", "grpo"), ("rgpo", "ppo_clip_kl")]
+    p = [
+        stats.ttest_ind(gold[("rgpo", "8")], gold[(m, "8")], equal_var=False).pvalue
+        for m in ("grpo", "ppo_clip_kl")
+    ]
+    assert [r["p"] for r in at8] == pytest.approx(p)
+    assert [r["p_holm"] for r in at8] == pytest.approx(report.holm(p))
+    change = {r["a"]: r for r in rows if r["kind"] == "change"}
+    assert set(change) == {"rgpo", "grpo"}  # ppo_clip_kl has no run at 1 reuse
+    assert change["grpo"]["diff"] == pytest.approx(
+        np.mean(gold[("grpo", "8")]) - np.mean(gold[("grpo", "1")])
+    )
+    assert change["grpo"]["p"] == pytest.approx(
+        stats.ttest_ind(gold[("grpo", "8")], gold[("grpo", "1")], equal_var=False).pvalue
+    )
