@@ -638,20 +638,34 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     written.append(_save(fig, out, "reuse.png"))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))  # RGPO's controller along training, per reuse count
-    for j, m in enumerate(("rgpo", "rgpo_old")):
-        for i, p in enumerate(p for p in reuse if p["method"] == m and p["n"] > 0):
-            curves = [binned(r, "rgpo/kl_coef") for r in p["runs"]]
-            xs = common_bins(curves)
-            if xs:
-                axes[j].plot(np.array(xs) * BIN + (BIN + 1) / 2, [np.mean([c[b] for c in curves]) for b in xs],
-                             color=f"C{i}", lw=1, label=f"num_iterations {p['value']} (n={p['n']})")  # fmt: skip
-        axes[j].set(
-            xlabel="iteration", ylabel="kl_coef", yscale="log", title=f"{m}: adaptive kl_coef (seed mean)"
-        )
-        if axes[j].get_legend_handles_labels()[0]:
-            axes[j].legend(fontsize=7)
-    written.append(_save(fig, out, "reuse_kl_coef.png"))
+    # along training, per reuse count: does the pi_old gate or the controller start to act as samples get staler?
+    methods = list(dict.fromkeys(p["method"] for p in reuse))
+    panels = [(PROXY, "proxy reward"), (GOLD, "gold"), (KL, "KL_ref"), ("rgpo/kl_old", "KLhat_old"),
+              ("rgpo/rejected_frac", "rejected fraction"), ("clip_ratio/region_mean", "clipped fraction"),
+              ("rgpo/kl_coef", "kl_coef")]  # fmt: skip
+    fig, axes = plt.subplots(
+        len(methods), len(panels), figsize=(3 * len(panels), 2.4 * len(methods)), squeeze=False
+    )
+    for row, m in zip(axes, methods, strict=True):
+        for ax, (key, title) in zip(row, panels, strict=True):
+            for i, p in enumerate(p for p in reuse if p["method"] == m and p["n"] > 0):
+                curves = [binned(r, key) for r in p["runs"]]
+                xs = common_bins(curves)
+                if xs:
+                    ax.plot(np.array(xs) * BIN + (BIN + 1) / 2, [np.mean([c[b] for c in curves]) for b in xs],
+                            color=f"C{i}", lw=1, label=f"{p['value']} (n={p['n']})")  # fmt: skip
+            ax.set_title(f"{m}: {title}", fontsize=8)
+            ax.tick_params(labelsize=6)
+            if not ax.lines:
+                ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, fontsize=7)
+            elif key in ("rgpo/kl_old", "rgpo/kl_coef"):
+                ax.set_yscale("symlog", linthresh=1e-8) if key == "rgpo/kl_old" else ax.set_yscale("log")
+        if row[0].lines:
+            row[0].legend(title="num_iterations", fontsize=6, title_fontsize=6)
+    for ax in axes[-1]:
+        ax.set_xlabel("iteration", fontsize=7)
+    fig.suptitle("batch reuse along training (seed mean, bins of 25 iterations)", fontsize=9)
+    written.append(_save(fig, out, "reuse_per_iteration.png"))
     return written
 
 

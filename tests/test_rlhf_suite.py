@@ -238,7 +238,7 @@ def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_pa
     assert "| rgpo | 2 | 2 | 1.700 ± 0.000 | 0.300 ± 0.000 | 1.000 ± 0.000 | n/a | n/a | n/a | n/a |" in text
     assert "| grpo | 1 | 0 | not run |" in text
 
-    for name in ("frontier.png", "reuse.png", "reuse_kl_coef.png", "report.md"):
+    for name in ("frontier.png", "reuse.png", "reuse_per_iteration.png", "report.md"):
         assert (tmp_path / "report" / name).stat().st_size > 0
 
 
