@@ -275,7 +275,8 @@ def test_reuse_tests_are_welch_with_holm_at_each_reuse_count():
             ("grpo", "8"): [1.2, 1.5, 1.3], ("ppo_clip_kl", "8"): [1.6, 1.7, 1.5]}  # fmt: skip
     points = [_point(m, v, [0.1] * 3, g) for (m, v), g in gold.items()]
     rows = report.reuse_tests(points, base="1")
-    assert not [r for r in rows if r["kind"] == "vs" and r["value"] == "1"]  # the base value's tests are the final's
+    # the base value's tests are the final suite's
+    assert not [r for r in rows if r["kind"] == "vs" and r["value"] == "1"]
     at8 = [r for r in rows if r["kind"] == "vs" and r["value"] == "8"]
     assert [(r["a"], r["b"]) for r in at8] == [("rgpo", "grpo"), ("rgpo", "ppo_clip_kl")]
     p = [
