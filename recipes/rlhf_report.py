@@ -164,17 +164,20 @@ def pairwise(
             ("rgpo", m) for m in METHODS if m not in ("rgpo", "sft") and m in values and "rgpo" in values
         ],
     }
-    out = {}
-    for name, pairs in families.items():
-        rows = []
-        for a, b in pairs:
-            diff, low, high, p = welch_test(values[a], values[b])
-            rows.append({"a": a, "b": b, "n_a": len(values[a]), "n_b": len(values[b]), "diff": diff, "low": low,
-                         "high": high, "p": p})  # fmt: skip
-        for row, adjusted in zip(rows, holm([r["p"] for r in rows]), strict=True):
-            row["p_holm"] = adjusted
-        out[name] = rows
-    return out
+    return {name: welch_family(pairs, values) for name, pairs in families.items()}
+
+
+def welch_family(pairs: list[tuple[str, str]], values: dict[str, list[float]]) -> list[dict]:
+    """A two-sided Welch test of ``values[a]`` against ``values[b]`` for each pair, Holm-corrected across the
+    pairs (one family)."""
+    rows = []
+    for a, b in pairs:
+        diff, low, high, p = welch_test(values[a], values[b])
+        rows.append({"a": a, "b": b, "n_a": len(values[a]), "n_b": len(values[b]), "diff": diff, "low": low,
+                     "high": high, "p": p})  # fmt: skip
+    for row, adjusted in zip(rows, holm([r["p"] for r in rows]), strict=True):
+        row["p_holm"] = adjusted
+    return rows
 
 
 def pairwise_markdown(tests: dict[str, list[dict]], what: str) -> str:
@@ -471,9 +474,8 @@ def frontier_interpolation(
     curve = [(p["kl_ref"][0], p["gold"][0]) for p in mine]
     rng = np.random.default_rng(seed)
 
-    def resampled(
-        p: dict,
-    ) -> tuple[np.ndarray, np.ndarray]:  # n_boot seed-mean (KL_ref, gold) pairs of a point
+    def resampled(p: dict) -> tuple[np.ndarray, np.ndarray]:
+        """n_boot seed-mean (KL_ref, gold) pairs of a point, its seeds drawn with replacement."""
         kl, gold = np.asarray(p["kl_ref_values"], float), np.asarray(p["gold_values"], float)
         idx = rng.integers(0, len(kl), size=(n_boot, len(kl)))
         return kl[idx].mean(1), gold[idx].mean(1)
@@ -510,18 +512,17 @@ def reuse_tests(
     values = sorted({v for _, v in by}, key=float)
     rows = []
     for v in (v for v in values if v != base):
-        family = [(a, m) for m, w in by if w == v and m != a and (a, v) in by]
-        tests = [(x, y, *welch_test(by[(x, v)], by[(y, v)])) for x, y in family]
-        for (x, y, diff, low, high, p), adjusted in zip(tests, holm([t[-1] for t in tests]), strict=True):
-            rows.append({"kind": "vs", "value": v, "a": x, "b": y, "diff": diff, "low": low, "high": high,
-                         "p": p, "p_holm": adjusted})  # fmt: skip
+        at_v = {m: x for (m, w), x in by.items() if w == v}
+        family = [(a, m) for m in at_v if m != a and a in at_v]
+        rows += [{"kind": "vs", "value": v, **row} for row in welch_family(family, at_v)]
     if len(values) >= 2:
         first, last = values[0], values[-1]
         for m in dict.fromkeys(m for m, _ in by):
             if (m, first) in by and (m, last) in by:
                 diff, low, high, p = welch_test(by[(m, last)], by[(m, first)])
-                rows.append({"kind": "change", "value": f"{first}->{last}", "a": m, "b": m, "diff": diff,
-                             "low": low, "high": high, "p": p, "p_holm": None})  # fmt: skip
+                rows.append({"kind": "change", "value": f"{first}->{last}", "a": m, "b": m, "n_a": len(by[(m, last)]),
+                             "n_b": len(by[(m, first)]), "diff": diff, "low": low, "high": high, "p": p,
+                             "p_holm": None})  # fmt: skip
     return rows
 
 
@@ -658,8 +659,10 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
             ax.tick_params(labelsize=6)
             if not ax.lines:
                 ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, fontsize=7)
-            elif key in ("rgpo/kl_old", "rgpo/kl_coef"):
-                ax.set_yscale("symlog", linthresh=1e-8) if key == "rgpo/kl_old" else ax.set_yscale("log")
+            elif key == "rgpo/kl_old":  # 0 at one reuse: symlog keeps it on the axis
+                ax.set_yscale("symlog", linthresh=1e-8)
+            elif key == "rgpo/kl_coef":
+                ax.set_yscale("log")
         if row[0].lines:
             row[0].legend(title="num_iterations", fontsize=6, title_fontsize=6)
     for ax in axes[-1]:
