@@ -19,7 +19,9 @@ Statistics (per run first, then across seeds; n = number of finished seeds, stat
   extra would be worse): interquartile mean (IQM) of PPO-normalised final returns (each run divided by the
   mean of the PPO runs of its environment) with a stratified-bootstrap 95% CI (runs resampled within each
   environment), and the probability of improvement P(RGPO > PPO) (Mann-Whitney U / (n m), averaged over
-  environments) with its stratified-bootstrap 95% CI.
+  environments) with its stratified-bootstrap 95% CI. Where the reference mean is within one std of 0 (constant-
+  rate PPO on Ant, found after those runs), a min-max normalised aggregate (each environment's worst run of the
+  study -> 0, best -> 1) is added beside the pre-registered one.
 """
 
 from __future__ import annotations
@@ -554,27 +556,58 @@ def study_contrasts(runs, study: dict) -> list[dict]:
 
 
 def normalised_scores(
-    runs, study: dict, key=lambda r: r.final_return, min_runs: int = 2
+    runs, study: dict, key=lambda r: r.final_return, min_runs: int = 2, scale: str = "reference"
 ) -> dict[str, dict[str, np.ndarray]]:
-    """arm -> env -> each run's score divided by |mean of the reference arm's runs| in that environment; an arm's
-    environment enters only when it and the reference have at least ``min_runs`` scores (no interval from one run)."""
+    """arm -> env -> each run's normalised score; an arm's environment enters only when it and the reference arm
+    have at least ``min_runs`` scores (no interval from one run).
+
+    ``scale="reference"`` divides by |mean of the reference arm's runs| in that environment (the protocol fixed
+    before the runs); ``scale="minmax"`` maps the worst run of the study in that environment to 0 and the best to 1,
+    which stays defined when the reference mean is near 0 (rliable's min-max normalisation, without a random
+    policy's score)."""
+    if scale not in ("reference", "minmax"):
+        raise ValueError(f"scale must be 'reference' or 'minmax', got {scale!r}")
     out: dict[str, dict[str, np.ndarray]] = {a.label: {} for a in study["arms"]}
     for env in study["envs"]:
-        ref = np.array([key(r) for r in study["arms"][0].runs(runs, env)], float)
-        ref = ref[np.isfinite(ref)]
-        if not len(ref) or ref.mean() == 0:
-            continue
+        per_arm = {}
         for arm in study["arms"]:
             x = np.array([key(r) for r in arm.runs(runs, env)], float)
-            x = x[np.isfinite(x)]
-            if len(x) >= min_runs and len(ref) >= min_runs:
-                out[arm.label][env] = x / abs(ref.mean())
+            per_arm[arm.label] = x[np.isfinite(x)]
+        ref = per_arm[study["arms"][0].label]
+        if len(ref) < min_runs:
+            continue
+        if scale == "reference":
+            offset, denom = 0.0, abs(ref.mean())
+        else:
+            pooled = np.concatenate([x for x in per_arm.values() if len(x) >= min_runs])
+            offset, denom = pooled.min(), pooled.max() - pooled.min()
+        if denom == 0:
+            continue
+        for label, x in per_arm.items():
+            if len(x) >= min_runs:
+                out[label][env] = (x - offset) / denom
     return out
 
 
-def study_aggregate(runs, study: dict, n_boot=2000, key=lambda r: r.final_return) -> dict:
-    """IQM of reference-normalised scores per arm and P(arm > reference), with stratified-bootstrap 95% CIs."""
-    scores = normalised_scores(runs, study, key)
+def ill_conditioned_envs(runs, study: dict, key=lambda r: r.final_return) -> list[str]:
+    """Environments where the reference arm's mean is within one sample std of 0: dividing by it there makes the
+    reference-normalised aggregate meaningless (a sign flip or a blow-up), so the report adds the min-max one."""
+    flagged = []
+    for env in study["envs"]:
+        ref = np.array([key(r) for r in study["arms"][0].runs(runs, env)], float)
+        ref = ref[np.isfinite(ref)]
+        if len(ref) >= 2 and abs(ref.mean()) < ref.std(ddof=1):
+            flagged.append(env)
+    return flagged
+
+
+def study_aggregate(
+    runs, study: dict, n_boot=2000, key=lambda r: r.final_return, scale: str = "reference"
+) -> dict:
+    """IQM of normalised scores per arm (``normalised_scores``' ``scale``) and P(arm > reference), with
+    stratified-bootstrap 95% CIs. P(arm > reference) compares runs within an environment, so no per-environment
+    normalisation changes it."""
+    scores = normalised_scores(runs, study, key, scale=scale)
     ref_label = study["arms"][0].label
     out = {}
     for arm in study["arms"]:
@@ -637,18 +670,25 @@ def study_md(runs, study: dict, n_boot=2000) -> str:
             )
     if study.get("reading"):
         lines += ["", study["reading"]]
-    for name, key in (("training return", lambda r: r.final_return), ("evaluation return", _eval)):
-        agg = study_aggregate(runs, study, n_boot, key)
-        if not agg:
-            continue
-        lines += ["", f"Aggregate over environments, {name} normalised by the first arm's mean per environment "
-                  "(IQM and P(arm > first arm) with stratified-bootstrap 95% CIs):", "",
-                  "| arm | runs | IQM | 95% CI | P(arm > first arm) | 95% CI |", "|---|---|---|---|---|---|"]  # fmt: skip
-        for label, e in agg.items():
-            pi = e.get("p_improvement")
-            lines.append(f"| {label} | {e['n']} | {e['iqm']:.3f} | {e['iqm_ci95'][0]:.3f}-{e['iqm_ci95'][1]:.3f} | "
-                         + ("" if pi is None else f"{pi:.3f} | {e['p_improvement_ci95'][0]:.3f}-{e['p_improvement_ci95'][1]:.3f}")
-                         + (" |" if pi is not None else " |  |"))  # fmt: skip
+    flagged = ill_conditioned_envs(runs, study)
+    scales = [("reference", "normalised by the first arm's mean per environment")]
+    if flagged:  # added after the constant_lr runs, where Ant-v4's PPO mean is near 0
+        scales.append(("minmax", "min-max normalised per environment over all the study's runs (0 = its worst "
+                       "run, 1 = its best), added because the first arm's mean is within one std of 0 on "
+                       + ", ".join(flagged)))  # fmt: skip
+    for scale, how in scales:
+        for name, key in (("training return", lambda r: r.final_return), ("evaluation return", _eval)):
+            agg = study_aggregate(runs, study, n_boot, key, scale=scale)
+            if not agg:
+                continue
+            lines += ["", f"Aggregate over environments, {name} {how} "
+                      "(IQM and P(arm > first arm) with stratified-bootstrap 95% CIs):", "",
+                      "| arm | runs | IQM | 95% CI | P(arm > first arm) | 95% CI |", "|---|---|---|---|---|---|"]  # fmt: skip
+            for label, e in agg.items():
+                pi = e.get("p_improvement")
+                lines.append(f"| {label} | {e['n']} | {e['iqm']:.3f} | {e['iqm_ci95'][0]:.3f}-{e['iqm_ci95'][1]:.3f} | "
+                             + ("" if pi is None else f"{pi:.3f} | {e['p_improvement_ci95'][0]:.3f}-{e['p_improvement_ci95'][1]:.3f}")
+                             + (" |" if pi is not None else " |  |"))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -665,16 +705,19 @@ def study_figures(runs, out) -> list[str]:
     for name, study in STUDIES.items():
         if not any(a.runs(runs, e) for a in study["arms"] for e in study["envs"]):
             continue
-        scores = normalised_scores(runs, study)
-        fig, ax = plt.subplots(figsize=(5, 3.4))
-        taus = np.linspace(0, 2, 201)
-        for arm in study["arms"]:
-            x = np.concatenate(list(scores[arm.label].values())) if scores[arm.label] else np.array([])
-            if len(x):
-                ax.plot(taus, [(x > t).mean() for t in taus], label=f"{arm.label} (n={len(x)})")
-        ax.set_xlabel(f"normalised training return tau (1 = {study['arms'][0].label}'s mean)")
-        ax.set_ylabel("fraction of runs > tau")
-        ax.legend(fontsize=7)
+        panels = [("reference", np.linspace(0, 2, 201), f"1 = {study['arms'][0].label}'s mean")]
+        if ill_conditioned_envs(runs, study):  # as in study_md: the reference mean is near 0 somewhere
+            panels.append(("minmax", np.linspace(0, 1, 101), "min-max per environment"))
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.4), squeeze=False)
+        for ax, (scale, taus, what) in zip(axes[0], panels, strict=True):
+            scores = normalised_scores(runs, study, scale=scale)
+            for arm in study["arms"]:
+                x = np.concatenate(list(scores[arm.label].values())) if scores[arm.label] else np.array([])
+                if len(x):
+                    ax.plot(taus, [(x > t).mean() for t in taus], label=f"{arm.label} (n={len(x)})")
+            ax.set_xlabel(f"normalised training return tau ({what})")
+            ax.set_ylabel("fraction of runs > tau")
+            ax.legend(fontsize=7)
         written.append(_save(fig, out, f"performance_profile_{name}.png"))
         envs = study["envs"]
         fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.4), squeeze=False)

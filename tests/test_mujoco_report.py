@@ -267,3 +267,37 @@ def test_kl_budget_contrast_tests_capped_ppo_against_rgpo_at_its_default_budget(
         f"{ref.statistic:.2f} / " in md
         and "| HalfCheetah-v4 | ppo, target_kl 0.03 | rgpo, target 0.02 | not run |" in md
     )
+
+
+def test_minmax_aggregate_is_added_where_the_reference_mean_is_near_zero(tmp_path):
+    """With a reference mean within one std of 0 (constant-rate PPO on Ant), dividing by it is meaningless: the
+    report flags the environment and adds a min-max aggregate (worst run of the study in that environment -> 0,
+    best -> 1), checked against a hand computation; P(arm > reference) compares runs within an environment, so it
+    is the same under both normalisations."""
+    root = str(tmp_path / "results")
+    ant_ppo, ant_rgpo = [-40.0, 5.0, 45.0], [20.0, 50.0, 35.0]  # PPO's mean 3.3, std 42.5
+    hc_ppo, hc_rgpo = [1000.0, 1200.0, 1400.0], [1100.0, 1500.0, 1300.0]
+    for seed in range(3):
+        for env, ppo, rgpo in (("Ant-v4", ant_ppo, ant_rgpo), ("HalfCheetah-v4", hc_ppo, hc_rgpo)):
+            for method, value in (("ppo", ppo[seed]), ("rgpo", rgpo[seed])):
+                write_run(root, "constant_lr", env, method, seed, value, [0.02], variant="constant_lr")
+    runs = report.load_runs(root)
+    study = report.STUDIES["constant_lr"]
+    assert report.ill_conditioned_envs(runs, study) == ["Ant-v4"]
+    mm = report.normalised_scores(runs, study, scale="minmax")
+    assert mm["rgpo"]["Ant-v4"] == pytest.approx((np.array(ant_rgpo) + 40) / 90)
+    assert mm["ppo"]["HalfCheetah-v4"] == pytest.approx((np.array(hc_ppo) - 1000) / 500)
+    agg_mm = report.study_aggregate(runs, study, n_boot=100, scale="minmax")
+    hand = np.concatenate([(np.array(ant_rgpo) + 40) / 90, (np.array(hc_rgpo) - 1000) / 500])
+    assert agg_mm["rgpo"]["iqm"] == pytest.approx(stats.trim_mean(hand, 0.25))
+    agg_ref = report.study_aggregate(runs, study, n_boot=100)
+    assert agg_ref["rgpo"]["iqm"] == pytest.approx(
+        stats.trim_mean(
+            np.concatenate([np.array(ant_rgpo) / np.mean(ant_ppo), np.array(hc_rgpo) / 1200]), 0.25
+        )
+    )
+    assert agg_mm["rgpo"]["p_improvement"] == pytest.approx(agg_ref["rgpo"]["p_improvement"])
+    text = report.study_md(runs, study, n_boot=50)
+    assert "min-max normalised per environment" in text and "within one std of 0 on Ant-v4" in text
+    with pytest.raises(ValueError, match="scale"):
+        report.normalised_scores(runs, study, scale="zscore")
