@@ -594,9 +594,8 @@ def ill_conditioned_envs(runs, study: dict, key=lambda r: r.final_return) -> lis
     reference-normalised aggregate meaningless (a sign flip or a blow-up), so the report adds the min-max one."""
     flagged = []
     for env in study["envs"]:
-        ref = np.array([key(r) for r in study["arms"][0].runs(runs, env)], float)
-        ref = ref[np.isfinite(ref)]
-        if len(ref) >= 2 and abs(ref.mean()) < ref.std(ddof=1):
+        mean, std, n = mean_std([key(r) for r in study["arms"][0].runs(runs, env)])
+        if n >= 2 and abs(mean) < std:
             flagged.append(env)
     return flagged
 
