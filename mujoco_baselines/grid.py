@@ -114,6 +114,10 @@ SUITES: dict[str, list[Run]] = {
         key=lambda run: run.seed,
     ),
     "constant_lr": _grid("constant_lr", ["ppo", "rgpo"], MUJOCO_ENVS, [0, 1, 2, 3, 4], variants=(("constant_lr", ("--no-anneal-lr",)),)),
+    # main's PPO and RGPO seeds 0-2 again on the compiled path with deterministic evaluation, so that every
+    # annealed comparison uses runs of one code path (with annealed5's seeds 3-4); also the eager-vs-compiled
+    # check at 1M steps on all four environments. Meant to run with --compile.
+    "main_compiled": _grid("main_compiled", ["ppo", "rgpo"], MUJOCO_ENVS, [0, 1, 2]),
     # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (issue: "MuJoCo
     # scripts twice as fast"; read by benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(
