@@ -13,6 +13,7 @@ and without it, and a resumed run evaluates like an uninterrupted one.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -22,7 +23,8 @@ import random
 import statistics
 import subprocess
 import time
-from dataclasses import asdict
+from collections import deque
+from dataclasses import asdict, fields
 
 import gymnasium as gym
 import mujoco
@@ -210,6 +212,9 @@ def load_checkpoint(path: str, args) -> dict:
             f"checkpoint {path} is incomplete (missing {sorted(missing)}); delete it to restart"
         )
     saved, current = checkpoint["args"], checkpoint_args(args)
+    defaults = {f.name: f.default for f in fields(args)}
+    # a field added after the checkpoint was written is no difference while it keeps its default
+    saved = {**{k: v for k, v in current.items() if k not in saved and v == defaults.get(k)}, **saved}
     diff = [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in sorted(set(saved) | set(current))
             if saved.get(k) != current.get(k)]  # fmt: skip
     if diff:
@@ -388,9 +393,12 @@ class Rollout:
     The per-step mean is chosen once: torch on the module's weights (bit-identical to ``actor_mean``), or with
     ``fast`` (--compile) the numpy form on views of the same weights (the same function, other rounding)."""
 
-    def __init__(self, args, env: MujocoEnv, agent: nn.Module, fast: bool = False):
+    def __init__(
+        self, args, env: MujocoEnv, agent: nn.Module, fast: bool = False, actor: nn.Module | None = None
+    ):
         T = args.num_steps
-        self.env, self.agent = env, agent
+        # `actor` acts and gives the behaviour log-probs (an older copy under --policy-lag); `agent`'s critic values
+        self.env, self.agent, self.actor = env, agent, agent if actor is None else actor
         self.obs, self.actions = torch.zeros((T, env.obs_dim)), torch.zeros((T, env.act_dim))
         self.rewards = np.zeros(T, np.float64)
         self.dones = np.zeros(T, np.float64)  # dones[t]: obs[t] is the first observation of a new episode
@@ -398,22 +406,22 @@ class Rollout:
         self.episode_returns, self.episode_lengths = [], []
         self.global_step = 0
         self.next_obs, self.next_done = env.reset(seed=args.seed), 0.0
-        self._numpy_mean = agent.numpy_mean_action() if fast else None
+        self._numpy_mean = self.actor.numpy_mean_action() if fast else None
         self._action = self._numpy_action if fast else self._torch_action
 
     def _torch_action(self, step, scaled_noise, noise_np):
-        return self.agent.mean_action(self.obs[step]).add_(scaled_noise[step]).numpy()
+        return self.actor.mean_action(self.obs[step]).add_(scaled_noise[step]).numpy()
 
     def _numpy_action(self, step, scaled_noise, noise_np):
         return self._numpy_mean(self.obs_np[step]) + noise_np[step]
 
     def collect(self, writer=None):
-        """Fill the storage with the next ``num_steps`` steps; returns (values, value of the next observation,
-        log-probs of the actions) under the current parameters."""
-        agent, T = self.agent, len(self.rewards)
+        """Fill the storage with the next ``num_steps`` steps; returns (values and value of the next observation
+        under the current critic, log-probs of the actions under the acting actor: the behaviour policy)."""
+        agent, actor, T = self.agent, self.actor, len(self.rewards)
         noise = torch.randn((T, self.env.act_dim))
         with torch.inference_mode():
-            scaled_noise = torch.exp(agent.actor_logstd) * noise
+            scaled_noise = torch.exp(actor.actor_logstd) * noise
             noise_np = scaled_noise.numpy()
             for step in range(T):
                 self.obs_np[step] = self.next_obs
@@ -430,7 +438,7 @@ class Rollout:
             self.global_step += T
             b_values = agent.critic(self.obs).squeeze(-1)
             next_value = float(agent.critic(torch.as_tensor(self.next_obs, dtype=torch.float32)))
-            b_logprobs = agent.log_prob(agent.actor_mean(self.obs), self.actions)
+            b_logprobs = actor.log_prob(actor.actor_mean(self.obs), self.actions)
         return b_values, next_value, b_logprobs
 
     def advantages(self, b_values, next_value, gamma: float, gae_lambda: float):
@@ -447,6 +455,79 @@ class Rollout:
             delta = self.rewards[t] + gamma * nextvalues * nextnonterminal - values_np[t]
             adv_np[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
         return adv_np, values_np
+
+
+def check_stale_sample_args(args) -> None:
+    """--policy-lag / --max-is-weight out of range: refused at start, naming the field."""
+    if args.policy_lag < 0:
+        raise ValueError(f"policy_lag must be an integer >= 0 (0: on-policy), got {args.policy_lag}")
+    if not args.max_is_weight > 0:
+        raise ValueError(f"max_is_weight must be > 0, got {args.max_is_weight}")
+
+
+class PolicyLag:
+    """``--policy-lag L``: iteration t's rollout is collected by the actor of iteration t - L (the actor as it was
+    when iteration max(1, t - L) began), as in asynchronous actor-learner systems whose actors run behind the
+    learner. A ring of the last L + 1 actors' weights; ``actor`` is a copy of the agent loaded from the oldest
+    entry before each rollout, so the rollout's actions and behaviour log-probs are that actor's. The critic is
+    never lagged. L = 0: ``actor`` is the agent itself and nothing is copied (the runs of before, bit for bit)."""
+
+    def __init__(self, agent: nn.Module, lag: int):
+        if lag < 0:
+            raise ValueError(f"policy_lag must be >= 0, got {lag}")
+        self.agent, self.lag = agent, lag
+        self.actor = agent if lag == 0 else copy.deepcopy(agent)
+        self.ring: deque[list[torch.Tensor]] = deque(maxlen=lag + 1)
+
+    def advance(self) -> None:
+        """Before iteration t's rollout: remember the agent's actor, act with the one of iteration t - L."""
+        if self.lag == 0:
+            return
+        self.ring.append([p.detach().clone() for p in self.agent.policy_parameters()])
+        with torch.no_grad():
+            for p, saved in zip(self.actor.policy_parameters(), self.ring[0], strict=True):
+                p.copy_(saved)
+
+    @torch.no_grad()
+    def proximal_log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi_prox of the rollout: the learner as the update starts (the decoupled objectives' anchor)."""
+        return self.agent.log_prob(self.agent.actor_mean(obs), actions)
+
+    def state_dict(self) -> dict:
+        return {"lag": self.lag, "ring": [list(entry) for entry in self.ring]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("lag") != self.lag:
+            raise CheckpointError(f"checkpoint's policy lag {state.get('lag')} is not this run's {self.lag}")
+        self.ring = deque([list(entry) for entry in state["ring"]], maxlen=self.lag + 1)
+
+
+def truncated_weight(
+    prox_logprob: torch.Tensor, behaviour_logprob: torch.Tensor, max_weight: float
+) -> torch.Tensor:
+    """The decoupled objectives' importance weight min(pi_prox / pi_behaviour, max_weight) (Hilton et al., 2021,
+    truncated as V-trace truncates its rho); exactly 1 where the two log-probs are equal."""
+    return (prox_logprob - behaviour_logprob).exp().clamp(max=max_weight)
+
+
+def behaviour_ratio_stats(prox_logprob: torch.Tensor, behaviour_logprob: torch.Tensor) -> dict[str, float]:
+    """How stale the rollout is as the update starts: r_b = pi_prox / pi_behaviour over the batch (mean, max, the
+    share with max(r_b, 1 / r_b) beyond 1.2 and beyond 2) and KLhat(pi_prox, pi_behaviour)."""
+    log_r = prox_logprob.double() - behaviour_logprob.double()
+    far = log_r.abs()
+    return {
+        "behaviour_ratio_mean": float(log_r.exp().mean()),
+        "behaviour_ratio_max": float(log_r.exp().max()),
+        "behaviour_ratio_beyond_1.2": float((far > math.log(1.2)).double().mean()),
+        "behaviour_ratio_beyond_2": float((far > math.log(2.0)).double().mean()),
+        "behaviour_kl": float((torch.expm1(log_r) - log_r).mean()),
+    }
+
+
+def minibatches(idxs, *tensors, shared: tuple = ()) -> list[tuple]:
+    """One tuple per mini-batch index set: each tensor indexed, a None (an input the variant does not use) kept,
+    then the ``shared`` inputs of every mini-batch (e.g. RGPO's beta)."""
+    return [(*(None if t is None else t[idx] for t in tensors), *shared) for idx in idxs]
 
 
 class UpdateStep:

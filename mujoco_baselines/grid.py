@@ -71,6 +71,14 @@ def _grid(suite, methods, envs, seeds, steps=1_000_000, variants=(("default", ()
     ]
 
 
+def lag_variants(lag: int) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The policy_lag suite's variants at one lag: the plain and the decoupled objective."""
+    return (
+        (f"lag{lag}", ("--policy-lag", str(lag))),
+        (f"lag{lag}_decoupled", ("--policy-lag", str(lag), "--decoupled")),
+    )
+
+
 # The paper's experiments (issue: "Reproduce the paper's MuJoCo results at full scale"). Seeds, steps and
 # variants are fixed here, before any result is seen.
 PPO_KL_VARIANTS = (
@@ -118,6 +126,14 @@ SUITES: dict[str, list[Run]] = {
     # annealed comparison uses runs of one code path (with annealed5's seeds 3-4); also the eager-vs-compiled
     # check at 1M steps on all four environments. Meant to run with --compile.
     "main_compiled": _grid("main_compiled", ["ppo", "rgpo"], MUJOCO_ENVS, [0, 1, 2]),
+    # Stale samples: iteration t's rollout collected by the actor of iteration t - L, PPO and RGPO each plain (ratio
+    # to the behaviour policy) and decoupled (ratio to the proximal policy, truncated weight pi_prox / pi_behaviour).
+    # Fixed before its runs; L = 0 is the annealed comparison (main_compiled + annealed5). Meant to run with --compile.
+    "policy_lag": sorted(
+        _grid("policy_lag", ["ppo", "rgpo"], ["Walker2d-v4", "Ant-v4"], [0, 1, 2], variants=lag_variants(2))
+        + _grid("policy_lag", ["ppo", "rgpo"], ["Walker2d-v4", "Ant-v4"], [0, 1, 2, 3, 4], variants=lag_variants(8)),
+        key=lambda run: (run.seed, "lag2" in run.variant),  # per seed, the stalest level first
+    ),
     # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (issue: "MuJoCo
     # scripts twice as fast"; read by benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(

@@ -16,11 +16,16 @@ from mujoco_baselines.common import (
     CheckpointError,
     MujocoEnv,
     NonFiniteLossError,
+    PolicyLag,
     Rollout,
     Run,
     UpdateStep,
+    behaviour_ratio_stats,
+    check_stale_sample_args,
     iteration_metrics,
+    minibatches,
     seed_everything,
+    truncated_weight,
 )
 
 
@@ -114,6 +119,16 @@ class Args:
     spike_kl: float = 0.04
     """an iteration whose KL to pi_old exceeds this is a 'KL spike' (2 x target 0.02)"""
 
+    # Stale samples
+    policy_lag: int = 0
+    """collect iteration t's rollout with the actor of iteration t - L, as asynchronous actors that run L updates
+    behind the learner (the critic stays current); 0: on-policy"""
+    decoupled: bool = False
+    """the decoupled objective for stale samples (Hilton et al., 2021): clip the ratio to the proximal policy pi_prox (the learner as the update starts), each sample weighted by
+    min(pi_prox / pi_behaviour, max_is_weight); the same as PPO without it at --policy-lag 0"""
+    max_is_weight: float = 1.0
+    """truncation of the decoupled objective's importance weight (V-trace's rho-bar); > 0"""
+
     # PPO specific
     clip_coef: float = 0.2
     """the surrogate clipping coefficient epsilon"""
@@ -128,10 +143,12 @@ class Args:
 # --------------------------------------------------------------------------------------------- #
 # Method-specific part: the PPO clipped surrogate.
 # --------------------------------------------------------------------------------------------- #
-def ppo_policy_loss(newlogprob, oldlogprob, advantages, clip_coef):
-    """PPO clipped surrogate, to minimise: -mean(min(r A, clip(r, 1 - eps, 1 + eps) A))."""
+def ppo_policy_loss(newlogprob, oldlogprob, advantages, clip_coef, weight=None):
+    """PPO clipped surrogate, to minimise: -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)). With a `weight` (the
+    decoupled objective: r = pi / pi_prox, weight = min(pi_prox / pi_behaviour, c)) -mean(weight min(...))."""
     ratio = (newlogprob - oldlogprob).exp()
-    return torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    surrogate = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    return (surrogate if weight is None else weight * surrogate).mean()
 
 
 def ppo_epoch_stats(newlogprobs, oldlogprobs, clip_coef):
@@ -146,7 +163,7 @@ def ppo_epoch_stats(newlogprobs, oldlogprobs, clip_coef):
     return torch.stack([kl, ess, clipfrac], dim=1)
 
 
-def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, args):
+def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, mb_weight, args):
     """The mini-batch loss (policy - entropy + value) and what the statistics need, for the eager step and the
     --compile step alike."""
     newlogprob = agent.log_prob(agent.actor_mean(mb_obs), mb_actions)
@@ -155,7 +172,7 @@ def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns,
         mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
 
     # policy loss
-    pg_loss = ppo_policy_loss(newlogprob, mb_oldlogprob, mb_adv, args.clip_coef)
+    pg_loss = ppo_policy_loss(newlogprob, mb_oldlogprob, mb_adv, args.clip_coef, mb_weight)
 
     # value loss
     if args.clip_vloss:
@@ -175,6 +192,7 @@ def main(args: Args) -> dict:
     args.num_iterations = args.total_timesteps // args.batch_size
     assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
     assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
+    check_stale_sample_args(args)
     run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
@@ -184,8 +202,11 @@ def main(args: Args) -> dict:
     # the mini-batch step: eager, or with --compile the same step as one compiled function (chosen here, once)
     update = UpdateStep(agent, optimizer, lambda agent, *batch: minibatch_loss(agent, *batch, args=args),
                         agent.parameters(), args.max_grad_norm, agent.policy_parameters(), fast=args.compile)  # fmt: skip
-    rollout = Rollout(args, env, agent, fast=args.compile)
-    run.restore({"agent": agent, "optimizer": optimizer, "env": env}, rollout)
+    staleness = PolicyLag(agent, args.policy_lag)  # the actor that collects: L iterations behind the learner
+    rollout = Rollout(args, env, agent, fast=args.compile, actor=staleness.actor)
+    lagged = {"policy_lag": staleness} if args.policy_lag > 0 else {}
+    run.restore({"agent": agent, "optimizer": optimizer, "env": env, **lagged}, rollout)
+    stale_samples = args.policy_lag > 0 or args.decoupled
     T, mb = args.num_steps, args.minibatch_size
     obs, actions = rollout.obs, rollout.actions
     try:
@@ -195,7 +216,8 @@ def main(args: Args) -> dict:
             optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
             n_episodes_before = len(rollout.episode_returns)
 
-            # ---- rollout
+            # ---- rollout, by the actor of iteration - policy_lag
+            staleness.advance()
             b_values, next_value, b_logprobs = rollout.collect(run.writer)
             rollout_time = time.perf_counter() - iter_start
 
@@ -205,6 +227,15 @@ def main(args: Args) -> dict:
             b_returns = torch.as_tensor(adv_np + values_np, dtype=torch.float32)
             b_values, b_logprobs = b_values.clone(), b_logprobs.clone()  # leave inference mode
 
+            # ---- stale samples: the ratio's anchor is the behaviour policy, or with --decoupled the proximal policy
+            # (the learner now) with the truncated weight pi_prox / pi_behaviour
+            b_anchor, b_weight, stale = b_logprobs, None, {}
+            if stale_samples:
+                b_prox = staleness.proximal_log_prob(obs, actions)
+                stale = behaviour_ratio_stats(b_prox, b_logprobs)
+                if args.decoupled:
+                    b_anchor, b_weight = b_prox, truncated_weight(b_prox, b_logprobs, args.max_is_weight)
+
             # ---- update: PPO's clipped surrogate, `update_epochs` epochs of mini-batches
             update_start = time.perf_counter()
             stats, losses = [], []
@@ -212,17 +243,16 @@ def main(args: Args) -> dict:
             epochs_run = 0
             for epoch in range(args.update_epochs):
                 idxs = torch.randperm(T).split(mb)
-                batches = [(obs[idx], actions[idx], b_advantages[idx], b_logprobs[idx], b_returns[idx], b_values[idx])
-                           for idx in idxs]  # fmt: skip
+                batches = minibatches(
+                    idxs, obs, actions, b_advantages, b_anchor, b_returns, b_values, b_weight
+                )
                 epoch_logprobs = []  # for the stats, reduced once per epoch
                 for _loss, (newlogprob, pg_loss, v_loss) in update.steps(batches, iteration, epoch):
                     epoch_logprobs.append(newlogprob.detach())
                     losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))
                 # per-mini-batch stats of this epoch (the log-probs each mini-batch's loss saw)
                 stats.append(
-                    ppo_epoch_stats(
-                        torch.stack(epoch_logprobs), b_logprobs[torch.stack(idxs)], args.clip_coef
-                    )
+                    ppo_epoch_stats(torch.stack(epoch_logprobs), b_anchor[torch.stack(idxs)], args.clip_coef)
                 )
                 epochs_run += 1
                 if args.target_kl is not None and float(torch.cat(stats)[:, 0].mean()) > args.target_kl:
@@ -231,7 +261,7 @@ def main(args: Args) -> dict:
             with torch.no_grad():  # KL of the iteration's final policy to pi_old over the whole batch
                 final_logprob = agent.log_prob(agent.actor_mean(obs), actions)
                 kl_final = float(
-                    rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(final_logprob - b_logprobs)).mean()
+                    rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(final_logprob - b_anchor)).mean()
                 )
 
             # ---- logging
@@ -240,6 +270,7 @@ def main(args: Args) -> dict:
             row = iteration_metrics(args, iteration, rollout, run, agent, optimizer, st, ls, update.grad_var(st.shape[0]),
                                     adv_np, values_np, n_episodes_before, epochs_run, kl_final,
                                     (iter_start, rollout_time, update_time), STAT_NAMES)  # fmt: skip
+            row.update(stale)
             run.log(iteration, row, agent, env)
         return run.finish(agent, env)
     finally:

@@ -498,6 +498,163 @@ STUDIES = {
 }
 
 
+# Stale samples (suite policy_lag), read by this rule, fixed before its runs.
+LAG_L0 = (("main_compiled", "default"), ("annealed5", "default"))  # L = 0: seeds 0-4 of one compiled path
+LAG_ARMS = (("ppo", "ppo", ""), ("ppo decoupled", "ppo", "_decoupled"),
+            ("rgpo", "rgpo", ""), ("rgpo decoupled", "rgpo", "_decoupled"))  # fmt: skip
+POLICY_LAG = {
+    "envs": ["Walker2d-v4", "Ant-v4"],
+    "lags": (0, 2, 8),
+    "reading": (
+        "Reading rule (fixed before the runs). Primary metric: the learner's deterministic evaluation return at 1M "
+        "steps (10 mean-action episodes); secondary: the training return (last 100 episodes, collected by the "
+        "lagged actor). L = 0 is the annealed comparison on one code path (main_compiled seeds 0-2 + annealed5 "
+        "seeds 3-4); a decoupled objective equals its base method at L = 0 (tested bit for bit), so both share "
+        "those runs. (1) Per environment and lag, each RGPO variant against each PPO variant: two-sided Welch, "
+        "Holm over these 4 tests (one family per environment, lag and metric); 'higher' / 'lower' only where the "
+        "adjusted p <= 0.05, else 'no significant difference'. (2) Each method's change from L = 0 to L = 8: "
+        "two-sided Welch, Holm over the 4 methods of an environment. (3) RGPO (a variant) is *more robust to lag* "
+        "than a PPO variant on an environment if its retention at L = 8 (each run's evaluation return divided by "
+        "its method's mean at L = 0) is higher with Holm-adjusted p <= 0.05 over the 4 RGPO-PPO pairs of that "
+        "environment, *less robust* if lower at that level, otherwise no significant difference. (4) Whether "
+        "the gate acted: RGPO's rejected fraction and kl_coef at each lag, next to the behaviour ratio's "
+        "statistics, as numbers (no test)."
+    ),
+}
+
+
+def lag_runs(runs, env: str, lag: int, method: str, suffix: str) -> list:
+    """Finished runs of one arm of the policy-lag study at one lag (L = 0: the annealed one-path runs)."""
+    if lag == 0:
+        return [
+            r
+            for r in runs
+            if r.final and r.env == env and r.method == method and (r.suite, r.variant) in LAG_L0
+        ]
+    return _finished(runs, suite="policy_lag", env=env, method=method, variant=f"lag{lag}{suffix}")
+
+
+def _metric_mean(rs, key, how="mean") -> float:
+    """Over every iteration of the runs: the mean (or max) of a metrics column; nan where no run has it."""
+    cols = [r.metrics[key] for r in rs if key in r.metrics]
+    if not cols:
+        return float("nan")
+    pooled = pd.concat(cols)
+    return float(pooled.max() if how == "max" else pooled.mean())
+
+
+def policy_lag_tables(runs) -> dict:
+    """The policy-lag study by its reading rule: per-arm summaries, the pairwise families, the change from L = 0
+    to L = 8 and the robustness family (see POLICY_LAG['reading'])."""
+    from rgpo_lab.statistics import holm, mean_std, verdict, welch
+
+    arms, summary, pairs, change, robust = LAG_ARMS, [], [], [], []
+    for env in POLICY_LAG["envs"]:
+        base = {label: _eval_values(lag_runs(runs, env, 0, m, "")) for label, m, _ in arms}
+        for lag in POLICY_LAG["lags"]:
+            for label, m, suffix in arms:
+                rs = lag_runs(runs, env, lag, m, suffix)
+                summary.append({
+                    "env": env, "lag": lag, "arm": label, "n": len(rs), "seeds": sorted(r.cfg["seed"] for r in rs),
+                    "eval": mean_std(_eval_values(rs)), "train": mean_std([r.final_return for r in rs]),
+                    "behaviour_ratio_mean": _metric_mean(rs, "behaviour_ratio_mean"),
+                    "behaviour_ratio_max": _metric_mean(rs, "behaviour_ratio_max", "max"),
+                    "behaviour_ratio_beyond_1.2": _metric_mean(rs, "behaviour_ratio_beyond_1.2"),
+                    "behaviour_ratio_beyond_2": _metric_mean(rs, "behaviour_ratio_beyond_2"),
+                    "behaviour_kl": _metric_mean(rs, "behaviour_kl"), "kl": _metric_mean(rs, "kl"),
+                    "rejected_frac": _metric_mean(rs, "rejected_frac"), "clipfrac": _metric_mean(rs, "clipfrac"),
+                    "kl_coef": _metric_mean(rs, "kl_coef"), "epochs": _metric_mean(rs, "epochs"),
+                })  # fmt: skip
+            if lag == 0:
+                continue
+            for metric in ("eval", "train"):
+                family = []
+                for r_label, r_m, r_suffix in arms[2:]:
+                    for p_label, p_m, p_suffix in arms[:2]:
+                        a, b = (
+                            lag_runs(runs, env, lag, m, sfx) for m, sfx in ((r_m, r_suffix), (p_m, p_suffix))
+                        )
+                        va, vb = (
+                            (_eval_values(x) if metric == "eval" else [r.final_return for r in x])
+                            for x in (a, b)
+                        )
+                        family.append({"env": env, "lag": lag, "metric": metric, "a": r_label, "b": p_label,
+                                       "test": welch(va, vb)})  # fmt: skip
+                for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
+                    row.update(p_holm=p_adj, verdict=verdict(row["test"].diff, p_adj))
+                pairs += family
+        family = []
+        for label, m, suffix in arms:
+            stale = _eval_values(lag_runs(runs, env, 8, m, suffix))
+            family.append({"env": env, "arm": label, "l0": mean_std(base[label]), "l8": mean_std(stale),
+                           "test": welch(stale, base[label])})  # fmt: skip
+        for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
+            row.update(p_holm=p_adj, verdict=verdict(row["test"].diff, p_adj))
+        change += family
+        retention = {}
+        for label, m, suffix in arms:
+            ref = mean_std(base[label]).mean
+            stale = np.asarray(_eval_values(lag_runs(runs, env, 8, m, suffix)), float)
+            retention[label] = stale / ref if np.isfinite(ref) and ref != 0 else np.array([])
+        family = []
+        for r_label, _, _ in arms[2:]:
+            for p_label, _, _ in arms[:2]:
+                family.append({"env": env, "a": r_label, "b": p_label, "retention_a": mean_std(retention[r_label]),
+                               "retention_b": mean_std(retention[p_label]),
+                               "test": welch(retention[r_label], retention[p_label])})  # fmt: skip
+        for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
+            word = verdict(row["test"].diff, p_adj)
+            row.update(
+                p_holm=p_adj, verdict={"higher": "more robust", "lower": "less robust"}.get(word, word)
+            )
+        robust += family
+    return {"summary": summary, "pairs": pairs, "change": change, "robustness": robust}
+
+
+def policy_lag_md(runs) -> str:
+    t = policy_lag_tables(runs)
+    f = lambda ms, d=0: _fmt(ms.mean, ms.std, ms.n, d)  # noqa: E731
+    lines = [POLICY_LAG["reading"], "",
+             "Per arm: returns as mean ± sample std (n); staleness and the trust region's statistics as means over "
+             "every iteration of the arm's runs (behaviour ratio r_b = pi_prox / pi_behaviour at the start of each "
+             "update; 'beyond x': share with max(r_b, 1/r_b) > x; max: over iterations and runs).", "",
+             "| env | L | arm | n | evaluation return | training return | r_b mean | r_b max | r_b beyond 1.2 | "
+             "r_b beyond 2 | KLhat(prox, behaviour) | KL to anchor | rejected | clipped | kl_coef | epochs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in t["summary"]:
+        lines.append(
+            f"| {r['env']} | {r['lag']} | {r['arm']} | {r['n']} | {f(r['eval'])} | {f(r['train'])} | "
+            + " | ".join(_p(r[k]) if k != "behaviour_kl" and k != "kl" else _kl(r[k]) for k in (
+                "behaviour_ratio_mean", "behaviour_ratio_max", "behaviour_ratio_beyond_1.2",
+                "behaviour_ratio_beyond_2", "behaviour_kl", "kl", "rejected_frac", "clipfrac", "kl_coef", "epochs"))
+            + " |"
+        )  # fmt: skip
+    lines += ["", "(1) RGPO variants against PPO variants at each lag (two-sided Welch, Holm within environment, "
+              "lag and metric):", "",
+              "| env | L | metric | a | b | mean a - b | Welch t / df / p | Holm p | verdict (a vs b) |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in t["pairs"]:
+        w = r["test"]
+        lines.append(f"| {r['env']} | {r['lag']} | {r['metric']} | {r['a']} | {r['b']} | {w.diff:.0f} | "
+                     f"{_tdp(w)} | {_p(r['p_holm'])} | {r['verdict']} |")  # fmt: skip
+    lines += ["", "(2) Each method from L = 0 to L = 8, evaluation return (two-sided Welch, Holm over the 4 methods "
+              "of an environment):", "",
+              "| env | arm | L = 0 | L = 8 | change | Welch t / df / p | Holm p | verdict (L = 8 vs 0) |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in t["change"]:
+        change = r["l8"].mean / r["l0"].mean - 1 if r["l0"].n and r["l0"].mean else float("nan")
+        lines.append(f"| {r['env']} | {r['arm']} | {f(r['l0'])} | {f(r['l8'])} | {_pct(change)} | "
+                     f"{_tdp(r['test'])} | {_p(r['p_holm'])} | {r['verdict']} |")  # fmt: skip
+    lines += ["", "(3) Robustness: retention at L = 8 (evaluation return / the method's mean at L = 0), RGPO "
+              "variants against PPO variants (two-sided Welch, Holm over the 4 pairs of an environment):", "",
+              "| env | a | b | retention a | retention b | Welch t / df / p | Holm p | verdict (a vs b) |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in t["robustness"]:
+        lines.append(f"| {r['env']} | {r['a']} | {r['b']} | {f(r['retention_a'], 2)} | {f(r['retention_b'], 2)} | "
+                     f"{_tdp(r['test'])} | {_p(r['p_holm'])} | {r['verdict']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def _eval(r) -> float:
     return float(r.final.get("eval_return_mean", float("nan")))
 
@@ -850,6 +1007,17 @@ def _save(fig, out, name):
     return name
 
 
+def _plain(x):
+    """studies.json's values: NamedTuples (MeanStd, Welch) as dicts, tuples as lists, numpy scalars as floats."""
+    if hasattr(x, "_asdict"):
+        return {k: _plain(v) for k, v in x._asdict().items()}
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    return x.item() if isinstance(x, np.generic) else x
+
+
 def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True) -> str:
     runs = load_runs(results)
     os.makedirs(out, exist_ok=True)
@@ -870,8 +1038,9 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
     studies.update(
         {f"{name}_contrasts": study_contrasts(runs, s) for name, s in STUDIES.items() if s.get("contrasts")}
     )
+    studies["policy_lag"] = policy_lag_tables(runs)
     with open(os.path.join(out, "studies.json"), "w") as f:
-        json.dump(studies, f, indent=2)
+        json.dump(_plain(studies), f, indent=2)
     sections = [
         ("Runs", status_md(runs)),
         ("Final return at 1M steps (paper Table main_results)", main_returns_md(main_t)),
@@ -884,6 +1053,7 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
         ("Long horizon, HalfCheetah-v4 (paper Table longhorizon)", long_md(long_rows)),
         ("The PPO-KL question", ppo_kl_md(runs)),
         *((f"When does RGPO help? {name}", study_md(runs, study, n_boot)) for name, study in STUDIES.items()),
+        ("Stale samples (policy lag)", policy_lag_md(runs)),
     ]
     md = ["# MuJoCo results vs the paper", "",
           f"Command: `python mujoco_baselines/report.py {results} --out {out}`. Statistics as in the report's "

@@ -18,11 +18,16 @@ from mujoco_baselines.common import (
     CheckpointError,
     MujocoEnv,
     NonFiniteLossError,
+    PolicyLag,
     Rollout,
     Run,
     UpdateStep,
+    behaviour_ratio_stats,
+    check_stale_sample_args,
     iteration_metrics,
+    minibatches,
     seed_everything,
+    truncated_weight,
 )
 
 
@@ -116,6 +121,17 @@ class Args:
     spike_kl: float = 0.04
     """an iteration whose KL to pi_old exceeds this is a 'KL spike' (2 x target 0.02)"""
 
+    # Stale samples
+    policy_lag: int = 0
+    """collect iteration t's rollout with the actor of iteration t - L, as asynchronous actors that run L updates
+    behind the learner (the critic stays current); 0: on-policy"""
+    decoupled: bool = False
+    """the decoupled objective for stale samples (Hilton et al., 2021): gate on the ratio to the proximal policy
+    pi_prox (the learner as the update starts), KL penalty to pi_prox, each sample weighted by
+    min(pi_prox / pi_behaviour, max_is_weight); the same as RGPO without it at --policy-lag 0"""
+    max_is_weight: float = 1.0
+    """truncation of the decoupled objective's importance weight (V-trace's rho-bar); > 0"""
+
     # RGPO specific (paper Sec. 5 and App. Implementation Details; Ablation A for the gates)
     gate: str = "sigmoid"
     """acceptance gate: any name registered with rgpo_trl.register_gate (built in: sigmoid, clipped_linear,
@@ -145,10 +161,13 @@ class Args:
 # --------------------------------------------------------------------------------------------- #
 # Method-specific part: the RGPO loss, from the library (never a copy).
 # --------------------------------------------------------------------------------------------- #
-def rgpo_policy_loss(newlogprob, oldlogprob, advantages, gate, kl_coef):
-    """-mean(g(r) A) + beta * mean(r - 1 - log r) via rgpo_trl.rgpo_loss; its diagnostics are reduced
-    once per epoch by `rgpo_epoch_stats` instead of per mini-batch step."""
-    loss, _ = rgpo_trl.rgpo_loss(newlogprob, oldlogprob, advantages, gate, kl_coef=kl_coef, diagnostics=False)
+def rgpo_policy_loss(newlogprob, oldlogprob, advantages, gate, kl_coef, weight=None):
+    """-mean(g(r) A) + beta * mean(r - 1 - log r) via rgpo_trl.rgpo_loss (with a `weight`, the decoupled form:
+    -mean(weight g(r) A) + ..., r = pi / pi_prox); its diagnostics are reduced once per epoch by `rgpo_epoch_stats`
+    instead of per mini-batch step."""
+    loss, _ = rgpo_trl.rgpo_loss(
+        newlogprob, oldlogprob, advantages, gate, kl_coef=kl_coef, weights=weight, diagnostics=False
+    )
     return loss
 
 
@@ -162,7 +181,7 @@ def rgpo_epoch_stats(newlogprobs, oldlogprobs, gate):
 
 
 def minibatch_loss(
-    agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, kl_coef, gate, args
+    agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, mb_weight, kl_coef, gate, args
 ):
     """The mini-batch loss (policy - entropy + value) and what the statistics need, for the eager step and the
     --compile step alike."""
@@ -172,7 +191,7 @@ def minibatch_loss(
         mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
 
     # policy loss
-    pg_loss = rgpo_policy_loss(newlogprob, mb_oldlogprob, mb_adv, gate, kl_coef)
+    pg_loss = rgpo_policy_loss(newlogprob, mb_oldlogprob, mb_adv, gate, kl_coef, mb_weight)
 
     # value loss
     if args.clip_vloss:
@@ -192,6 +211,7 @@ def main(args: Args) -> dict:
     args.num_iterations = args.total_timesteps // args.batch_size
     assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
     assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
+    check_stale_sample_args(args)
     run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
@@ -204,8 +224,13 @@ def main(args: Args) -> dict:
     # the mini-batch step: eager, or with --compile the same step as one compiled function (chosen here, once)
     update = UpdateStep(agent, optimizer, lambda agent, *batch: minibatch_loss(agent, *batch, gate=gate, args=args),
                         agent.parameters(), args.max_grad_norm, agent.policy_parameters(), fast=args.compile)  # fmt: skip
-    rollout = Rollout(args, env, agent, fast=args.compile)
-    run.restore({"agent": agent, "optimizer": optimizer, "env": env, "kl_controller": kl_ctl}, rollout)
+    staleness = PolicyLag(agent, args.policy_lag)  # the actor that collects: L iterations behind the learner
+    rollout = Rollout(args, env, agent, fast=args.compile, actor=staleness.actor)
+    lagged = {"policy_lag": staleness} if args.policy_lag > 0 else {}
+    run.restore(
+        {"agent": agent, "optimizer": optimizer, "env": env, **lagged, "kl_controller": kl_ctl}, rollout
+    )
+    stale_samples = args.policy_lag > 0 or args.decoupled
     T, mb = args.num_steps, args.minibatch_size
     obs, actions = rollout.obs, rollout.actions
     try:
@@ -215,7 +240,8 @@ def main(args: Args) -> dict:
             optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
             n_episodes_before = len(rollout.episode_returns)
 
-            # ---- rollout
+            # ---- rollout, by the actor of iteration - policy_lag
+            staleness.advance()
             b_values, next_value, b_logprobs = rollout.collect(run.writer)
             rollout_time = time.perf_counter() - iter_start
 
@@ -225,6 +251,15 @@ def main(args: Args) -> dict:
             b_returns = torch.as_tensor(adv_np + values_np, dtype=torch.float32)
             b_values, b_logprobs = b_values.clone(), b_logprobs.clone()  # leave inference mode
 
+            # ---- stale samples: the ratio's anchor is the behaviour policy, or with --decoupled the proximal policy
+            # (the learner now) with the truncated weight pi_prox / pi_behaviour
+            b_anchor, b_weight, stale = b_logprobs, None, {}
+            if stale_samples:
+                b_prox = staleness.proximal_log_prob(obs, actions)
+                stale = behaviour_ratio_stats(b_prox, b_logprobs)
+                if args.decoupled:
+                    b_anchor, b_weight = b_prox, truncated_weight(b_prox, b_logprobs, args.max_is_weight)
+
             # ---- update: the gated loss with the adaptive KL-to-old penalty, stopped by the KL backstop
             update_start = time.perf_counter()
             stats, losses = [], []
@@ -233,16 +268,15 @@ def main(args: Args) -> dict:
             beta = update.scalar(kl_ctl.kl_coef)  # this iteration's KL-to-old coefficient
             for epoch in range(args.update_epochs):
                 idxs = torch.randperm(T).split(mb)
-                batches = [(obs[idx], actions[idx], b_advantages[idx], b_logprobs[idx], b_returns[idx], b_values[idx],
-                            beta) for idx in idxs]  # fmt: skip
+                batches = minibatches(
+                    idxs, obs, actions, b_advantages, b_anchor, b_returns, b_values, b_weight, shared=(beta,)
+                )
                 epoch_logprobs = []  # for the stats, reduced once per epoch
                 for _loss, (newlogprob, pg_loss, v_loss) in update.steps(batches, iteration, epoch):
                     epoch_logprobs.append(newlogprob.detach())
                     losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))
                 # per-mini-batch stats of this epoch (the log-probs each mini-batch's loss saw)
-                stats.append(
-                    rgpo_epoch_stats(torch.stack(epoch_logprobs), b_logprobs[torch.stack(idxs)], gate)
-                )
+                stats.append(rgpo_epoch_stats(torch.stack(epoch_logprobs), b_anchor[torch.stack(idxs)], gate))
                 epochs_run += 1
                 backstop = args.kl_backstop > 0 and float(torch.cat(stats)[:, 0].mean()) > args.kl_backstop
                 if backstop:
@@ -251,7 +285,7 @@ def main(args: Args) -> dict:
             with torch.no_grad():  # KL of the iteration's final policy to pi_old over the whole batch
                 final_logprob = agent.log_prob(agent.actor_mean(obs), actions)
                 kl_final = float(
-                    rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(final_logprob - b_logprobs)).mean()
+                    rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(final_logprob - b_anchor)).mean()
                 )
 
             # ---- logging
@@ -263,6 +297,7 @@ def main(args: Args) -> dict:
             kl_coef_used = kl_ctl.kl_coef
             kl_ctl.update(row["kl"])  # paper Eq. beta_update (adaptive), from this iteration's mean KL
             row.update(kl_coef=kl_coef_used, kl_coef_next=kl_ctl.kl_coef, backstop=int(backstop))
+            row.update(stale)
             run.log(iteration, row, agent, env)
         return run.finish(agent, env)
     finally:

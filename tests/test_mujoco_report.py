@@ -301,3 +301,69 @@ def test_minmax_aggregate_is_added_where_the_reference_mean_is_near_zero(tmp_pat
     assert "min-max normalised per environment" in text and "within one std of 0 on Ant-v4" in text
     with pytest.raises(ValueError, match="scale"):
         report.normalised_scores(runs, study, scale="zscore")
+
+
+def test_policy_lag_study_follows_its_reading_rule(tmp_path):
+    """The policy-lag rule on known numbers: L = 0 from main_compiled + annealed5 (shared by the decoupled arms),
+    the RGPO-vs-PPO family at L = 8 with Holm over 4 tests (scipy's Welch p, Holm by hand), the change from L = 0
+    and the retention family; staleness columns averaged over iterations."""
+    root = str(tmp_path / "results")
+    env = "Walker2d-v4"
+    l0 = {"ppo": [1000.0, 1100.0, 900.0, 1050.0, 950.0], "rgpo": [800.0, 900.0, 1000.0, 850.0, 950.0]}
+    l8 = {"lag8": {"ppo": [200.0, 300.0, 250.0, 220.0, 280.0], "rgpo": [700.0, 750.0, 800.0, 650.0, 720.0]},
+          "lag8_decoupled": {"ppo": [900.0, 800.0, 850.0, 950.0, 870.0], "rgpo": [820.0, 760.0, 900.0, 780.0, 840.0]}}  # fmt: skip
+
+    def finish(suite, method, variant, seed, value):
+        path = os.path.join(root, suite, f"{env}__{method}__{variant}__s{seed}__1000k", "final.json")
+        json.dump({"final_return": value / 2, "eval_return_mean": value}, open(path, "w"))
+
+    for method, values in l0.items():
+        for seed, v in enumerate(values):
+            suite = "main_compiled" if seed < 3 else "annealed5"
+            write_run(root, suite, env, method, seed, v / 2, [0.02, 0.02])
+            finish(suite, method, "default", seed, v)
+    for variant, by_method in l8.items():
+        for method, values in by_method.items():
+            for seed, v in enumerate(values):
+                write_run(root, "policy_lag", env, method, seed, v / 2, [0.05, 0.07], variant=variant)
+                finish("policy_lag", method, variant, seed, v)
+    d = os.path.join(root, "policy_lag", f"{env}__rgpo__lag8__s0__1000k", "metrics.csv")
+    m = pd.read_csv(d)
+    m["behaviour_ratio_max"], m["rejected_frac"] = [1.0, 3.0], [0.1, 0.3]
+    m.to_csv(d, index=False)
+
+    t = report.policy_lag_tables(report.load_runs(root))
+    summary = {(r["env"], r["lag"], r["arm"]): r for r in t["summary"]}
+    assert summary[env, 0, "ppo decoupled"]["eval"] == pytest.approx(
+        (np.mean(l0["ppo"]), np.std(l0["ppo"], ddof=1), 5)
+    )
+    assert summary[env, 8, "rgpo"]["behaviour_ratio_max"] == 3.0
+    assert summary[env, 8, "rgpo"]["rejected_frac"] == pytest.approx(0.2)  # one run has the column
+    fam = [r for r in t["pairs"] if r["env"] == env and r["lag"] == 8 and r["metric"] == "eval"]
+    arms = {"rgpo": l8["lag8"]["rgpo"], "rgpo decoupled": l8["lag8_decoupled"]["rgpo"],
+            "ppo": l8["lag8"]["ppo"], "ppo decoupled": l8["lag8_decoupled"]["ppo"]}  # fmt: skip
+    raw = [stats.ttest_ind(arms[r["a"]], arms[r["b"]], equal_var=False).pvalue for r in fam]
+    assert [r["test"].p for r in fam] == pytest.approx(raw)
+    order = np.argsort(raw)
+    expected, running = [0.0] * 4, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (4 - rank) * raw[i]))
+        expected[i] = running
+    assert [r["p_holm"] for r in fam] == pytest.approx(expected)
+    by_pair = {(r["a"], r["b"]): r for r in fam}
+    assert by_pair["rgpo", "ppo"]["verdict"] == "higher"
+    assert by_pair["rgpo", "ppo decoupled"]["verdict"] == "lower"
+    change = {r["arm"]: r for r in t["change"] if r["env"] == env}
+    assert change["ppo"]["verdict"] == "lower"  # 1000 -> 250
+    retention = {(r["a"], r["b"]): r for r in t["robustness"] if r["env"] == env}
+    r = retention["rgpo", "ppo"]
+    assert r["retention_a"].mean == pytest.approx(np.mean(l8["lag8"]["rgpo"]) / np.mean(l0["rgpo"]))
+    assert r["verdict"] == "more robust"
+    assert retention["rgpo", "ppo decoupled"]["test"].p == pytest.approx(
+        stats.ttest_ind(np.array(arms["rgpo"]) / np.mean(l0["rgpo"]), np.array(arms["ppo decoupled"]) / np.mean(l0["ppo"]), equal_var=False).pvalue
+    )  # fmt: skip
+    text = report.build_report(root, str(tmp_path / "out"), n_boot=20, plots=False)
+    assert "## Stale samples (policy lag)" in text and "fixed before the runs" in text
+    assert (
+        json.load(open(tmp_path / "out" / "studies.json"))["policy_lag"]["pairs"][0]["test"]["p"] is not None
+    )

@@ -141,6 +141,7 @@ def rgpo_loss(
     ratio_mode: str = "old",
     mask: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
     diagnostics: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """RGPO loss (to minimise) and, with ``diagnostics``, `rgpo_diagnostics` of the same inputs.
@@ -157,12 +158,16 @@ def rgpo_loss(
         mask: 1 for valid elements (completion tokens), 0 for padding; broadcast against ``logps``.
         normalizer: divide the masked sum by this instead of the number of valid elements (e.g. the
             token count of the whole accumulated batch, which makes gradient accumulation exact).
+        weights: per-element weights of the gated advantage term only, broadcast against ``logps``: the
+            decoupled objective for stale samples gates on pi / pi_prox and weights by the truncated
+            pi_prox / pi_behaviour (Hilton et al., 2021). ``None``: no weighting.
         diagnostics: False returns an empty dict; callers that reduce them in bulk use `rgpo_diagnostics`.
     """
     if ref_kl_coef and ref_logps is None:
         raise ValueError("ref_kl_coef > 0 needs ref_logps (the reference model's log-probs)")
     terms = rgpo_terms(logps, old_logps, advantages, gate, ref_logps=ref_logps, ratio_mode=ratio_mode)
-    per_element = terms.policy + kl_coef * terms.kl_old
+    policy = terms.policy if weights is None else weights.detach() * terms.policy
+    per_element = policy + kl_coef * terms.kl_old
     if ref_kl_coef:
         per_element = per_element + ref_kl_coef * terms.kl_ref
     if normalizer is None:

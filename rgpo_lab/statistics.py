@@ -1,0 +1,124 @@
+"""Every comparison the project reports, in one place: per-seed summaries, Welch tests, Holm's correction within a
+family, and the rliable protocol (IQM, probability of improvement, stratified bootstrap, performance profiles).
+
+Definitions follow rliable (Agarwal et al., 2021), computed with numpy/scipy: rliable 1.2 needs ``arch < 8``, whose
+7.x releases fail to import with pandas 3, and pinning pandas < 3 for every user of the extra would cost more than
+these few functions. The tests check each against scipy or a hand computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+
+class MeanStd(NamedTuple):
+    mean: float
+    std: float  # sample std (ddof = 1); nan for one value
+    n: int
+
+
+def mean_std(values) -> MeanStd:
+    """Mean, sample standard deviation and n of the finite values."""
+    x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    if len(x) == 0:
+        return MeanStd(float("nan"), float("nan"), 0)
+    return MeanStd(float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else float("nan"), len(x))
+
+
+class Welch(NamedTuple):
+    t: float
+    df: float  # Welch-Satterthwaite degrees of freedom
+    p: float
+    diff: float  # mean(a) - mean(b)
+
+
+def welch(a, b, alternative: str = "two-sided") -> Welch:
+    """Welch's t-test of mean(a) against mean(b) (scipy's ``alternative``); nan below 2 values a side."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    diff = float(a.mean() - b.mean()) if len(a) and len(b) else float("nan")
+    if len(a) < 2 or len(b) < 2:
+        return Welch(float("nan"), float("nan"), float("nan"), diff)
+    res = stats.ttest_ind(a, b, equal_var=False, alternative=alternative)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return Welch(float(res.statistic), float(df), float(res.pvalue), diff)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of one family (nan entries are not tests and stay nan): the k-th smallest
+    of m p-values becomes max over j <= k of min(1, (m - j + 1) p_(j)). Reject where adjusted p <= alpha."""
+    p = np.asarray(pvalues, float)
+    valid = np.flatnonzero(np.isfinite(p))
+    out = np.full(len(p), np.nan)
+    m = len(valid)
+    running = 0.0
+    for rank, i in enumerate(valid[np.argsort(p[valid], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out.tolist()
+
+
+def verdict(diff: float, p_adjusted: float, alpha: float = 0.05) -> str:
+    """The words for one corrected two-sided test: 'higher', 'lower' or 'no significant difference'."""
+    if not np.isfinite(p_adjusted):
+        return "not tested (fewer than 2 runs a side)"
+    if p_adjusted > alpha:
+        return "no significant difference"
+    return "higher" if diff > 0 else "lower"
+
+
+def iqm(x) -> float:
+    """Interquartile mean: the mean of the middle 50% of the values (rliable's IQM, scipy's 25% trimmed mean)."""
+    return float(stats.trim_mean(np.asarray(x, float), 0.25))
+
+
+def probability_of_improvement(x, y) -> float:
+    """P(X > Y) + 0.5 P(X = Y) over all pairs: the Mann-Whitney U statistic / (n m)."""
+    x, y = np.asarray(x, float)[:, None], np.asarray(y, float)[None, :]
+    return float(((x > y) + 0.5 * (x == y)).mean())
+
+
+def stratified_bootstrap_ci(
+    groups: list[tuple[np.ndarray, ...]], statistic: Callable, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile CI of ``statistic(groups)`` with every array of every group (environment) resampled with
+    replacement within itself: rliable's stratified bootstrap."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_boot):
+        resampled = [tuple(a[rng.integers(0, len(a), len(a))] for a in g) for g in groups]
+        values.append(statistic(resampled))
+    return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
+
+
+class Profile(NamedTuple):
+    taus: np.ndarray
+    fraction: np.ndarray  # share of runs with a score > tau
+    low: np.ndarray  # stratified-bootstrap 95% band
+    high: np.ndarray
+
+
+def performance_profile(
+    scores_per_env: Sequence[np.ndarray], taus: np.ndarray | None = None, n_boot: int = 2000, seed: int = 0
+) -> Profile:
+    """rliable's run-score performance profile: the fraction of all runs whose score exceeds tau, with a
+    stratified-bootstrap 95% band (runs resampled within each environment). Default taus span every run (from
+    below the lowest score to above the highest), so no run falls off the axis."""
+    pooled = np.concatenate([np.asarray(s, float) for s in scores_per_env])
+    if taus is None:
+        lo, hi = float(pooled.min()), float(pooled.max())
+        pad = 0.05 * (hi - lo if hi > lo else 1.0)
+        taus = np.linspace(lo - pad, hi + pad, 201)
+    fraction = (pooled[:, None] > taus[None, :]).mean(0)
+    rng = np.random.default_rng(seed)
+    boots = np.empty((n_boot, len(taus)))
+    for b in range(n_boot):
+        resampled = np.concatenate([s[rng.integers(0, len(s), len(s))] for s in map(np.asarray, scores_per_env)])
+        boots[b] = (resampled[:, None] > taus[None, :]).mean(0)
+    low, high = np.percentile(boots, [2.5, 97.5], axis=0)
+    return Profile(taus, fraction, low, high)

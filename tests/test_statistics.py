@@ -1,0 +1,82 @@
+"""rgpo_lab.statistics against scipy and hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rgpo_lab.statistics import (
+    holm,
+    iqm,
+    mean_std,
+    performance_profile,
+    probability_of_improvement,
+    stratified_bootstrap_ci,
+    verdict,
+    welch,
+)
+
+
+def test_mean_std_uses_the_sample_std_and_skips_non_finite_values():
+    assert mean_std([1.0, 2.0, 4.0, float("nan")]) == pytest.approx((7 / 3, math.sqrt(7 / 3), 3))
+    one = mean_std([5.0])
+    assert one.mean == 5.0 and math.isnan(one.std) and one.n == 1
+    assert mean_std([]).n == 0
+
+
+def test_welch_matches_scipy_and_the_satterthwaite_df_by_hand():
+    a, b = [1.0, 2.0, 3.0, 5.0], [2.0, 4.0, 9.0]
+    w = welch(a, b)
+    ref = stats.ttest_ind(a, b, equal_var=False)
+    assert (w.t, w.p) == pytest.approx((ref.statistic, ref.pvalue))
+    va, vb = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 3
+    assert w.df == pytest.approx((va + vb) ** 2 / (va**2 / 3 + vb**2 / 2))
+    assert w.diff == pytest.approx(np.mean(a) - np.mean(b))
+    one_sided = welch(a, b, alternative="less")
+    assert one_sided.p == pytest.approx(ref.pvalue / 2)  # t < 0
+    assert math.isnan(welch([1.0], b).p) and welch([1.0], b).diff == pytest.approx(1.0 - 5.0)
+
+
+def test_holm_by_hand():
+    # m = 4: sorted 0.01, 0.02, 0.03, 0.2 -> 0.04, 0.06, 0.06 (monotone), 0.2
+    assert holm([0.03, 0.01, 0.2, 0.02]) == pytest.approx([0.06, 0.04, 0.2, 0.06])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    out = holm([0.01, float("nan"), 0.04])  # nan is not a test: m = 2
+    assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
+    assert holm([]) == []
+
+
+def test_verdict_follows_the_corrected_p_in_both_directions():
+    assert verdict(3.0, 0.01) == "higher" and verdict(-3.0, 0.01) == "lower"
+    assert verdict(-3.0, 0.2) == "no significant difference"
+    assert verdict(1.0, float("nan")).startswith("not tested")
+
+
+def test_iqm_and_probability_of_improvement_by_hand():
+    assert iqm([1, 2, 3, 4, 5, 6, 7, 100]) == pytest.approx(np.mean([3, 4, 5, 6]))
+    assert probability_of_improvement([1, 3], [2, 2]) == pytest.approx(0.5)
+    assert probability_of_improvement([2], [2]) == pytest.approx(0.5)
+    x, y = np.array([3.0, 5.0, 1.0]), np.array([2.0, 4.0])
+    u = stats.mannwhitneyu(x, y).statistic
+    assert probability_of_improvement(x, y) == pytest.approx(u / 6)
+
+
+def test_stratified_bootstrap_never_mixes_groups():
+    groups = [(np.array([0.0, 0.0]),), (np.array([10.0, 10.0, 10.0]),)]
+    lo, hi = stratified_bootstrap_ci(groups, lambda gs: float(np.mean([g[0].mean() for g in gs])), n_boot=100)
+    assert lo == hi == 5.0
+
+
+def test_performance_profile_spans_every_run_and_its_band_contains_it():
+    scores = [np.array([0.1, 0.5, 0.9]), np.array([2.0, 31.0])]
+    prof = performance_profile(scores, n_boot=300)
+    assert prof.taus[0] < 0.1 and prof.taus[-1] > 31.0  # no run off the axis
+    assert prof.fraction[0] == 1.0 and prof.fraction[-1] == 0.0
+    assert np.all(prof.low <= prof.fraction + 1e-12) and np.all(prof.fraction <= prof.high + 1e-12)
+    tau = 1.0
+    i = int(np.argmin(np.abs(prof.taus - tau)))
+    pooled = np.concatenate(scores)
+    assert prof.fraction[i] == pytest.approx((pooled > prof.taus[i]).mean())
