@@ -106,6 +106,21 @@ class HHScriptArguments(ScriptArguments):
     tiny_quick: bool = field(
         default=False, metadata={"help": "tiny-hh/ assets: use the smaller, faster-to-build variant (tests)."}
     )
+    tiny_version: int = field(
+        default=3,
+        metadata={
+            "help": "tiny-hh/ assets: the world version. 3: training, validation (tiny-hh/validation) and test "
+            "questions never share a text, gold penalises ill-formed text; 2: the world of the committed v2 results.",
+            "choices": [2, 3],
+        },
+    )
+    validation_dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Take the validation prompts from the first validation_prompts prompts of this dataset (e.g. "
+            "tiny-hh/validation: questions no training prompt contains) instead of the last training prompts."
+        },
+    )
     heldout_dataset_name: str | None = field(
         default=None,
         metadata={
@@ -193,6 +208,7 @@ def resolve_tiny_assets(script_args, model_args) -> None:
     """Replace ``tiny-hh/<asset>`` paths by the cached tiny-HH assets, building them once (rank 0 first)."""
     paths = {
         "heldout_dataset_name": script_args,
+        "validation_dataset_name": script_args,
         "model_name_or_path": model_args,
         "reward_model_name_or_path": script_args,
         "dataset_name": script_args,
@@ -204,15 +220,21 @@ def resolve_tiny_assets(script_args, model_args) -> None:
     from rgpo_trl.tiny_hh import build_tiny_assets
 
     with PartialState().main_process_first():
-        assets = build_tiny_assets(script_args.cache_dir, quick=script_args.tiny_quick)
+        assets = build_tiny_assets(
+            script_args.cache_dir, quick=script_args.tiny_quick, version=script_args.tiny_version
+        )
     known = {"policy": assets.policy_dir, "reward_model": assets.reward_model_dir, "train": assets.train_file,
              "test": assets.test_file}  # fmt: skip
+    if assets.validation_file.exists():
+        known["validation"] = assets.validation_file
     for name, obj in paths.items():
         value = str(getattr(obj, name))
         if value.startswith(TINY_PREFIX):
             asset = value.removeprefix(TINY_PREFIX)
             if asset not in known:
-                raise ValueError(f"{name}={value!r}: tiny-hh assets are {sorted(known)}")
+                raise ValueError(
+                    f"{name}={value!r}: tiny-hh v{script_args.tiny_version} assets are {sorted(known)}"
+                )
             setattr(obj, name, str(known[asset]))
 
 
@@ -258,6 +280,8 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
         raise ValueError(
             f"validation_prompts must be >= 0 (0 disables), got {script_args.validation_prompts}"
         )
+    if script_args.tiny_version not in (2, 3):
+        raise ValueError(f"tiny_version must be 2 or 3, got {script_args.tiny_version!r}")
     if training_args.push_to_hub:
         refuse_offline_push(training_args)
     resolve_tiny_assets(script_args, model_args)
@@ -305,7 +329,9 @@ def evaluate_prompts(
 
     gold_fn = None
     if script_args.world == "tiny":
-        from rgpo_trl.tiny_hh import gold_reward_func as gold_fn
+        from rgpo_trl.tiny_hh import gold_for
+
+        _, gold_fn = gold_for(script_args.tiny_version)
     result = evaluate_policy(model, tokenizer, repeat_prompts(prompts, samples), reward_model, ref_model=ref_model,
                              gold_fn=gold_fn, **sampling)  # fmt: skip
     result.update(prompts=len(prompts), samples_per_prompt=samples)
@@ -355,12 +381,25 @@ def validation_callback(script_args, training_args, tokenizer, prompts, reward_m
                             prompts, at, steps_per_iteration, evaluate, seed=1000 * training_args.seed)  # fmt: skip
 
 
-def split_validation(dataset, script_args):
-    """(training prompts, validation prompts as a list): `hold_out_validation` of the training split."""
-    from rgpo_trl.rlhf.hh_data import hold_out_validation
+def split_validation(dataset, script_args, tokenizer):
+    """(training prompts, validation prompts as a list): the first ``validation_prompts`` prompts of
+    ``validation_dataset_name``, or `hold_out_validation` of the training split; a training prompt equal to a
+    validation prompt leaves training either way."""
+    from rgpo_trl.rlhf.hh_data import hold_out_validation, load_hh_helpful_prompts
 
-    train, validation = hold_out_validation(dataset, script_args.validation_prompts)
-    return train, list(validation["prompt"])
+    n, name = script_args.validation_prompts, script_args.validation_dataset_name
+    if name is None or n == 0:
+        train, validation = hold_out_validation(dataset, n)
+        return train, list(validation["prompt"])
+    prompts, _ = load_hh_helpful_prompts(
+        name, "train", tokenizer, script_args.max_prompt_length, max_rows=4 * n
+    )
+    if len(prompts) < n:
+        raise ValueError(f"validation_prompts={n}, but {name} has {len(prompts)} prompts")
+    validation = list(prompts.select(range(n))["prompt"])
+    held = {json.dumps(p, sort_keys=True) for p in validation}
+    keep = [i for i, p in enumerate(dataset["prompt"]) if json.dumps(p, sort_keys=True) not in held]
+    return dataset.select(keep), validation
 
 
 def write_heldout(model, ref_model, tokenizer, script_args, output_dir, reward_model, sampling) -> dict:
@@ -414,7 +453,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         with state.main_process_first():
             prompts, _ = load_hh_helpful_prompts(script_args.dataset_name, script_args.dataset_train_split, tokenizer,
                                                  script_args.max_prompt_length, data_dir=script_args.dataset_data_dir)  # fmt: skip
-        _, validation_prompts = split_validation(prompts, script_args)
+        _, validation_prompts = split_validation(prompts, script_args, tokenizer)
     if method.trainer_class is None:  # the initial policy, evaluated as it is (its own reference: KL_ref = 0)
         model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(state.device)
         ref_model, device = model, state.device
@@ -551,7 +590,7 @@ def main(argv: list[str] | None = None) -> dict:
             script_args.max_prompt_length,
             data_dir=script_args.dataset_data_dir,
         )
-    dataset, validation_prompts = split_validation(dataset, script_args)
+    dataset, validation_prompts = split_validation(dataset, script_args, tokenizer)
     if script_args.max_train_prompts is not None:
         dataset = dataset.select(range(min(script_args.max_train_prompts, len(dataset))))
     if state.is_main_process:
@@ -564,11 +603,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     reward_funcs, reward_weights = [reward_model], [1.0]
     if script_args.world == "tiny":
-        from rgpo_trl.tiny_hh import gold_reward_func  # noqa: I001
+        from rgpo_trl.tiny_hh import gold_for
 
         # The generator's gold quality score, logged as rewards/gold/mean with weight 0 (never
         # optimised), to watch the proxy reward model being over-optimised.
-        reward_funcs.append(gold_reward_func)
+        reward_funcs.append(gold_for(script_args.tiny_version)[1])
         reward_weights.append(0.0)
     training_args.reward_weights = reward_weights
     model_init_kwargs = dict(

@@ -77,29 +77,29 @@ REUSE = {m: ("1", "4", "8") for m in ("rgpo", "rgpo_old", "grpo", "ppo_clip_kl")
 REUSE_BASE = "2"  # the preset's num_iterations: the final suite's runs
 
 
-def selected_rates(results: str) -> dict[str, str]:
-    """The learning rate chosen per method by the tuning suite (``<results>/tune/selection.json``); the suites that
-    use it refuse to start without it."""
-    path = os.path.join(results, "tune", "selection.json")
+def selected_rates(results: str, world: str = "") -> dict[str, str]:
+    """The learning rate chosen per method by the tuning suite (``<results>/[<world>/]tune/selection.json``); the
+    suites that use it refuse to start without it."""
+    path = os.path.join(results, world, "tune", "selection.json")
     if not os.path.exists(path):
-        raise SystemExit(f"{path} is missing: run `python recipes/rlhf_suite.py tune` and "
-                         f"`python recipes/rlhf_select.py {os.path.join(results, 'tune')}` first")  # fmt: skip
+        raise SystemExit(f"{path} is missing: run `python recipes/rlhf_suite.py {world}tune` and "
+                         f"`python recipes/rlhf_select.py {os.path.dirname(path)}` first")  # fmt: skip
     with open(path) as f:
         chosen = {m: row["selected_lr"] for m, row in json.load(f)["methods"].items()}
     return {m: lr for m, lr in chosen.items() if lr is not None}  # a method with an unfinished rate waits
 
 
-def _tune(results: str) -> list[RLHFRun]:
-    return [RLHFRun("tune", m, TUNE_SEED, PAPER, ("--learning_rate", lr, *VALIDATION), tag=f"lr{lr}")
+def _tune(results: str, world: str = "", config: str = PAPER) -> list[RLHFRun]:
+    return [RLHFRun(f"{world}tune", m, TUNE_SEED, config, ("--learning_rate", lr, *VALIDATION), tag=f"lr{lr}")
             for m, rates in TUNE_RATES.items() for lr in rates]  # fmt: skip
 
 
-def _final(results: str) -> list[RLHFRun]:
+def _final(results: str, world: str = "", config: str = PAPER) -> list[RLHFRun]:
     """Seed by seed (every method and the SFT baseline at seed 1, then seed 2, ...), so that an interrupted suite
     leaves whole seeds, each with its baseline."""
-    lr = selected_rates(results)
-    return [RLHFRun("final", m, s, PAPER, (*SFT_EXTRA, *VALIDATION, *HELDOUT)) if m == "sft" else
-            RLHFRun("final", m, s, PAPER, ("--learning_rate", lr[m], *VALIDATION, *HELDOUT))
+    lr, suite = selected_rates(results, world), f"{world}final"
+    return [RLHFRun(suite, m, s, config, (*SFT_EXTRA, *VALIDATION, *HELDOUT)) if m == "sft" else
+            RLHFRun(suite, m, s, config, ("--learning_rate", lr[m], *VALIDATION, *HELDOUT))
             for s in range(1, 6) for m in [*ONLINE, "dpo", "sft"] if m in lr or m == "sft"]  # fmt: skip
 
 
@@ -115,8 +115,20 @@ def _reuse(results: str) -> list[RLHFRun]:
                     tag=f"reuse{k}") for s in (1, 2, 3) for m, ks in REUSE.items() if m in lr for k in ks]  # fmt: skip
 
 
+# World v3 (disjoint test questions, well-formedness gold): the same protocol, fixed before its runs (the same
+# rate grids, seed, validation rule and test evaluation), with validation prompts from tiny-hh/validation (questions
+# no training prompt contains) instead of the last training prompts; results under results/rlhf/v3/.
+PAPER_V3 = "recipes/configs/hh_rlhf_tiny_paper_v3.yaml"
+
 # suites built when asked for: the final, frontier and reuse suites read the tuning suite's selection
-SUITE_BUILDERS = {"tune": _tune, "final": _final, "frontier": _frontier, "reuse": _reuse}
+SUITE_BUILDERS = {
+    "tune": _tune,
+    "final": _final,
+    "frontier": _frontier,
+    "reuse": _reuse,
+    "v3/tune": lambda results: _tune(results, "v3/", PAPER_V3),
+    "v3/final": lambda results: _final(results, "v3/", PAPER_V3),
+}
 
 SUITES: dict[str, list[RLHFRun]] = {
     "tiny-paper": [RLHFRun("tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml",

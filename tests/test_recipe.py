@@ -297,7 +297,7 @@ def test_sft_baseline_is_the_initial_policy_through_the_same_evaluation(tmp_path
     from rgpo_trl.rlhf.evaluation import evaluate_policy
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
     from rgpo_trl.rlhf.rewards import load_pairwise_reward
-    from rgpo_trl.tiny_hh import gold_reward_func
+    from rgpo_trl.tiny_hh import gold_reward_func_v3
 
     summary = recipe.main(
         _tiny_argv(quick_assets, tmp_path, "sft", iterations=2, extra=("--train_eval_prompts", "6"))
@@ -309,7 +309,7 @@ def test_sft_baseline_is_the_initial_policy_through_the_same_evaluation(tmp_path
     direct = evaluate_policy(
         AutoModelForCausalLM.from_pretrained(quick_assets.policy_dir), tok,
         [p["prompt"] for p in prompts.select(range(6))], load_pairwise_reward(str(quick_assets.reward_model_dir)),
-        gold_fn=gold_reward_func, max_new_tokens=8, temperature=1.0, seed=summary["seed"],
+        gold_fn=gold_reward_func_v3, max_new_tokens=8, temperature=1.0, seed=summary["seed"],
     )  # fmt: skip
     assert (summary["reward"], summary["gold"]) == pytest.approx((direct["reward"], direct["gold"]))
     heldout = json.loads((tmp_path / "heldout.json").read_text())
@@ -349,3 +349,39 @@ def test_push_to_hub_is_refused_offline_before_anything_is_built(tmp_path, monke
             ["--config", config, "--push_to_hub", "true", "--output_dir", str(tmp_path)], check_hub=False
         )
     assert not any(tmp_path.iterdir())
+
+
+def test_v3_validation_prompts_come_from_their_own_split(tmp_path, quick_assets):
+    """World v3: `validation_dataset_name: tiny-hh/validation` takes the validation prompts from the validation
+    file (no training prompt shares their question), the rest of training untouched; the gold logged is v3's."""
+    from transformers import AutoTokenizer
+
+    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
+    from rgpo_trl.tiny_hh import gold_for, gold_score_v3
+
+    argv = _tiny_argv(quick_assets, tmp_path, "rgpo") + ["--validation_dataset_name", "tiny-hh/validation",
+                                                         "--validation_prompts", "16"]  # fmt: skip
+    script, _, model = recipe.parse_args(argv, check_hub=False)
+    recipe.resolve_tiny_assets(script, model)
+    assert script.tiny_version == 3 and script.validation_dataset_name == str(quick_assets.validation_file)
+    tok = AutoTokenizer.from_pretrained(model.model_name_or_path)
+    train, _ = load_hh_helpful_prompts(str(quick_assets.train_file), "train", tok, 128)
+    kept, validation = recipe.split_validation(train, script, tok)
+    expected, _ = load_hh_helpful_prompts(str(quick_assets.validation_file), "train", tok, 128)
+    assert validation == list(expected.select(range(16))["prompt"]) and len(kept) == len(train)
+    assert gold_for(3)[0] is gold_score_v3
+    script.validation_prompts = 10_000
+    with pytest.raises(ValueError, match="validation_prompts=10000"):
+        recipe.split_validation(train, script, tok)
+
+
+def test_v2_preset_keeps_world_v2_and_v3_preset_names_its_splits():
+    """The v2 protocol's preset pins world v2 (its committed results stay reproducible); the v3 preset names the
+    validation split; a preset without the key gets the default, v3."""
+    default = recipe.HHScriptArguments.__dataclass_fields__["tiny_version"].default
+    assert default == 3
+    for name, version, validation in (("tiny_paper", 2, None), ("tiny_paper_v3", 3, "tiny-hh/validation"),
+                                      ("tiny", 3, None)):  # fmt: skip
+        preset = yaml.safe_load((ROOT / "recipes" / "configs" / f"hh_rlhf_{name}.yaml").read_text())
+        assert preset.get("tiny_version", default) == version
+        assert preset.get("validation_dataset_name") == validation

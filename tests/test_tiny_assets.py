@@ -26,7 +26,6 @@ from rgpo_trl.tiny_hh import (
     gold_score,
     write_jsonl,
 )
-from rgpo_trl.tiny_hh import build as tiny_build
 from rgpo_trl.tiny_hh import dialogues as tiny_dialogues
 from rgpo_trl.tiny_hh.__main__ import main as tiny_main
 
@@ -108,8 +107,9 @@ def test_cache_location_and_versioning(monkeypatch, tmp_path):
     assert assets_dir() == tmp_path / "tiny_hh" / f"v{BUILDER_VERSION}"
     assert assets_dir(quick=True).name == f"v{BUILDER_VERSION}-quick"
     assert assets_dir(seed=7).name == f"v{BUILDER_VERSION}-seed7"
-    monkeypatch.setattr(tiny_build, "BUILDER_VERSION", BUILDER_VERSION + 1)
-    assert tiny_hh.assets_dir().name == f"v{BUILDER_VERSION + 1}"  # a new version -> a new directory
+    assert tiny_hh.assets_dir(version=2).name == "v2"  # another world version -> another directory
+    with pytest.raises(ValueError, match="version must be one of"):
+        tiny_hh.assets_dir(version=4)
 
 
 # ------------------------------------------------------------------ the quick build
@@ -128,7 +128,7 @@ def test_dataset_file_is_generator_output(quick_assets):
     info = quick_assets.build_info
     lines = quick_assets.train_file.read_bytes().splitlines(keepends=True)
     assert len(lines) == info["n_train_rows"]
-    ref = tmp_bytes(generate_dialogues(40, seed=info["seed"]))
+    ref = tmp_bytes(generate_dialogues(40, seed=info["seed"], split="train", gold=tiny_hh.gold_score_v3))
     assert b"".join(lines[:40]) == ref  # same seed -> same bytes (the generator is sequential)
 
 

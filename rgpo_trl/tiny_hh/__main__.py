@@ -1,4 +1,4 @@
-"""CLI: ``python -m rgpo_trl.tiny_hh [--force] [--quick] [--cache-dir DIR] [--seed N]``."""
+"""CLI: ``python -m rgpo_trl.tiny_hh [--force] [--quick] [--version 2|3] [--cache-dir DIR] [--seed N]``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from .build import CACHE_ENV, DEFAULT_SEED, build_tiny_assets
+from .build import BUILDER_VERSION, CACHE_ENV, DEFAULT_SEED, VERSIONS, build_tiny_assets
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,14 +20,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--threads", type=int, default=1, help="torch threads during the build")
+    p.add_argument("--version", type=int, choices=VERSIONS, default=BUILDER_VERSION, help="world version")
     a = p.parse_args(argv)
-    assets = build_tiny_assets(a.cache_dir, force=a.force, quick=a.quick, seed=a.seed, num_threads=a.threads)
+    assets = build_tiny_assets(
+        a.cache_dir, force=a.force, quick=a.quick, seed=a.seed, num_threads=a.threads, version=a.version
+    )
     print(
         json.dumps(
             {
                 "root": str(assets.root),
                 "train_file": str(assets.train_file),
                 "test_file": str(assets.test_file),
+                **(
+                    {"validation_file": str(assets.validation_file)}
+                    if assets.validation_file.exists()
+                    else {}
+                ),
                 "policy_dir": str(assets.policy_dir),
                 "reward_model_dir": str(assets.reward_model_dir),
                 "build_info": assets.build_info,

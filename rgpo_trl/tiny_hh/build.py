@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .dialogues import _items, generate_dialogues, make_response, sample_kind, write_jsonl
+from .gold_v3 import gold_score_v3, keyword_salad
 from .tokenizers import (
     make_policy_tokenizer,
     make_policy_tokenizer_template_text,
@@ -21,7 +22,8 @@ from .tokenizers import (
 )
 from .world import find_item, gold_score
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3  # the world the recipe uses by default
+VERSIONS = (2, 3)  # v2: the world of the committed v2 results, still buildable
 DEFAULT_SEED = 1234
 CACHE_ENV = "RGPO_TRL_CACHE"
 
@@ -82,6 +84,7 @@ class TinyAssets:
     policy_dir: Path
     reward_model_dir: Path
     build_info_file: Path
+    validation_file: Path  # world v3 only: prompts for model selection, disjoint from training and test
 
     @property
     def data_dir(self) -> Path:
@@ -101,6 +104,7 @@ class TinyAssets:
             policy_dir=root / "policy",
             reward_model_dir=root / "reward_model",
             build_info_file=root / "build_info.json",
+            validation_file=root / "data" / "validation.jsonl",
         )
 
     def exists(self) -> bool:
@@ -115,13 +119,37 @@ def default_cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rgpo_trl").expanduser()
 
 
+def check_version(version: int) -> int:
+    if version not in VERSIONS:
+        raise ValueError(f"tiny-HH world version must be one of {list(VERSIONS)}, got {version!r}")
+    return version
+
+
+def gold_for(version: int):
+    """The gold rule of a world version: (score(prompt, completion), TRL reward function named ``gold``)."""
+    from .gold_v3 import gold_reward_func_v3
+    from .world import gold_reward_func
+
+    return (
+        (gold_score, gold_reward_func)
+        if check_version(version) == 2
+        else (gold_score_v3, gold_reward_func_v3)
+    )
+
+
 def assets_dir(
-    cache_dir: str | os.PathLike | None = None, *, quick: bool = False, seed: int = DEFAULT_SEED
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    quick: bool = False,
+    seed: int = DEFAULT_SEED,
+    version: int = BUILDER_VERSION,
 ) -> Path:
     """Where the assets for (version, quick, seed) live: ``<root>/tiny_hh/v<VERSION>[-quick][-seed<N>]``."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     name = (
-        f"v{BUILDER_VERSION}" + ("-quick" if quick else "") + (f"-seed{seed}" if seed != DEFAULT_SEED else "")
+        f"v{check_version(version)}"
+        + ("-quick" if quick else "")
+        + (f"-seed{seed}" if seed != DEFAULT_SEED else "")
     )
     return root / "tiny_hh" / name
 
@@ -341,18 +369,46 @@ def sample_policy(
     return tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def _eval_policy(policy_dir: Path, test_rows, n: int, seed: int) -> dict[str, Any]:
+def _eval_policy(policy_dir: Path, test_rows, n: int, seed: int, gold=gold_score) -> dict[str, Any]:
     from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
 
     prompts = [hh_text_to_prompt(r["chosen"]) for r in test_rows[:n]]
     comps = sample_policy(policy_dir, prompts, seed=seed)
-    golds = [gold_score(p, c) for p, c in zip(prompts, comps, strict=True)]
+    golds = [gold(p, c) for p, c in zip(prompts, comps, strict=True)]
     return {
         "policy_sample_gold_mean": sum(golds) / len(golds),
         "policy_sample_good_fraction": sum(g >= 3.0 for g in golds) / len(golds),
         "policy_sample_bad_fraction": sum(g < 1.5 for g in golds) / len(golds),
         "policy_samples": len(golds),
         "policy_sample_examples": comps[:4],
+    }
+
+
+def _calibration(rm_dir: Path, test_rows, gold) -> dict[str, Any]:
+    """World v3's calibration table: a scripted ideal answer's gold, keyword salad's gold, and the proxy reward
+    model's scores for both on the test prompts (does the proxy prefer salad?)."""
+    from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
+    from rgpo_trl.rlhf.rewards import PairwiseRewardModel
+
+    prompts = [hh_text_to_prompt(r["chosen"]) for r in test_rows]
+    ideal, salad = [], []
+    for p in prompts:
+        item = find_item(p[-1]["content"])
+        parts = next(pt for _, sbj, pt in _items() if sbj == item[0])
+        body = ", ".join(c for _, c in parts[:-1]) + ", and " + parts[-1][1]
+        ideal.append(f"Sure! {body[0].upper()}{body[1:]}. Hope this helps!")
+        salad.append(keyword_salad(parts))
+    rm = PairwiseRewardModel(str(rm_dir), batch_size=64)
+    rm_ideal, rm_salad = rm(prompts, ideal), rm(prompts, salad)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {
+        "calibration_prompts": len(prompts),
+        "ideal_answer_gold_mean": mean([gold(p, c) for p, c in zip(prompts, ideal, strict=True)]),
+        "keyword_salad_gold_mean": mean([gold(p, c) for p, c in zip(prompts, salad, strict=True)]),
+        "proxy_ideal_answer_mean": mean(rm_ideal),
+        "proxy_keyword_salad_mean": mean(rm_salad),
+        "proxy_prefers_salad_fraction": mean([float(s > i) for s, i in zip(rm_salad, rm_ideal, strict=True)]),
+        "calibration_examples": {"ideal": ideal[0], "salad": salad[0]},
     }
 
 
@@ -364,6 +420,7 @@ def build_tiny_assets(
     seed: int = DEFAULT_SEED,
     num_threads: int | None = 1,
     verbose: bool = True,
+    version: int = BUILDER_VERSION,
 ) -> TinyAssets:
     """Build (or reuse from the cache) the tiny-HH assets and return their paths.
 
@@ -371,14 +428,17 @@ def build_tiny_assets(
     the assets go to :func:`assets_dir`. ``quick=True`` builds a smaller variant (~30 s) for tests.
     ``num_threads`` caps torch's intra-op threads during the build (restored afterwards).
     The directory is written under a temporary name and renamed when complete, so concurrent
-    builders never see half-written assets.
+    builders never see half-written assets. ``version`` 3 (default) is the world with disjoint train /
+    validation / test questions and the well-formedness gold (`splits`, `gold_v3`); 2 the world of the
+    committed v2 results, built exactly as before.
     """
-    target = assets_dir(cache_dir, quick=quick, seed=seed)
+    target = assets_dir(cache_dir, quick=quick, seed=seed, version=version)
     assets = TinyAssets.at(target)
     if assets.exists() and not force:
         info = assets.build_info
-        if info.get("builder_version") == BUILDER_VERSION and info.get("seed") == seed:
+        if info.get("builder_version") == version and info.get("seed") == seed:
             return assets
+    gold, _ = gold_for(version)
     import torch
 
     s = QUICK if quick else FULL
@@ -392,14 +452,22 @@ def build_tiny_assets(
     try:
         (tmp / "data").mkdir(parents=True)
         tmp_assets = TinyAssets.at(tmp)
-        log(
-            f"building {'quick ' if quick else ''}tiny-HH assets v{BUILDER_VERSION} (seed {seed}) in {target}"
-        )
-        train_rows = generate_dialogues(s.n_train, seed)
-        test_rows = generate_dialogues(s.n_test, seed + 7919)
+        log(f"building {'quick ' if quick else ''}tiny-HH assets v{version} (seed {seed}) in {target}")
+        validation_rows = []
+        if version == 2:
+            train_rows = generate_dialogues(s.n_train, seed)
+            test_rows = generate_dialogues(s.n_test, seed + 7919)
+        else:  # disjoint question splits; the validation set is as large as the test set
+            train_rows = generate_dialogues(s.n_train, seed, split="train", gold=gold)
+            validation_rows = generate_dialogues(s.n_test, seed + 104729, split="validation", gold=gold)
+            test_rows = generate_dialogues(s.n_test, seed + 7919, split="test", gold=gold)
+            write_jsonl(validation_rows, tmp_assets.validation_file)
         write_jsonl(train_rows, tmp_assets.train_file)
         write_jsonl(test_rows, tmp_assets.test_file)
-        log(f"dialogues: {len(train_rows)} train / {len(test_rows)} test rows ({time.time() - t_start:.1f}s)")
+        log(
+            f"dialogues: {len(train_rows)} train / {len(validation_rows)} validation / {len(test_rows)} test rows "
+            f"({time.time() - t_start:.1f}s)"
+        )
 
         texts = [r[k] for r in train_rows for k in ("chosen", "rejected")]
         from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
@@ -428,18 +496,20 @@ def build_tiny_assets(
 
         t0 = time.time()
         rm_eval = _eval_reward_model(tmp_assets.reward_model_dir, test_rows)
-        pol_eval = _eval_policy(tmp_assets.policy_dir, test_rows, s.n_policy_samples, seed)
+        pol_eval = _eval_policy(tmp_assets.policy_dir, test_rows, s.n_policy_samples, seed, gold)
+        calibration = {} if version == 2 else _calibration(tmp_assets.reward_model_dir, test_rows, gold)
         log(
             f"RM held-out pairwise accuracy {rm_eval['rm_heldout_pairwise_accuracy']:.3f}; policy sample gold "
             f"mean {pol_eval['policy_sample_gold_mean']:.2f} ({time.time() - t0:.1f}s)"
         )
         info = {
-            "builder_version": BUILDER_VERSION,
+            "builder_version": version,
             "seed": seed,
             "quick": quick,
             "settings": s.__dict__,
             "n_train_rows": len(train_rows),
             "n_test_rows": len(test_rows),
+            **({"n_validation_rows": len(validation_rows)} if validation_rows else {}),
             "vocab_size": len(pol_tok),
             "policy_class": type(policy).__name__,
             "policy_params": sum(p.numel() for p in policy.parameters()),
@@ -451,6 +521,7 @@ def build_tiny_assets(
             "rm_train_loss": rm_loss,
             **rm_eval,
             **pol_eval,
+            **calibration,
             "build_time_s": round(time.time() - t_start, 1),
             "policy_sft_time_s": round(t_policy, 1),
             "rm_train_time_s": round(t_rm, 1),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .world import (
@@ -103,17 +103,28 @@ def make_prompt(rng: random.Random) -> tuple[list[dict[str, str]], str, list]:
     return msgs, topic, parts
 
 
-def generate_dialogues(n: int, seed: int, *, min_margin: float = 0.5) -> list[dict[str, Any]]:
-    """``n`` HH-format preference rows from ``seed`` (deterministic)."""
+def generate_dialogues(
+    n: int,
+    seed: int,
+    *,
+    min_margin: float = 0.5,
+    split: str | None = None,
+    gold: Callable[[Any, Any], float] = gold_score,
+) -> list[dict[str, Any]]:
+    """``n`` HH-format preference rows from ``seed`` (deterministic), ordered by ``gold``. ``split`` (world v3:
+    train, validation or test) draws every question from that split's combinations (`splits`); None draws from
+    the whole bank (world v2)."""
     from rgpo_trl.rlhf.hh_data import render_hh_text
+
+    from .splits import make_prompt_in_split
 
     rng = random.Random(seed)
     rows = []
     while len(rows) < n:
-        msgs, topic, parts = make_prompt(rng)
+        msgs, topic, parts = make_prompt(rng) if split is None else make_prompt_in_split(rng, split)
         k1, k2 = sample_kind(rng), sample_kind(rng)
         r1, r2 = make_response(k1, topic, parts, rng), make_response(k2, topic, parts, rng)
-        g1, g2 = gold_score(msgs, r1), gold_score(msgs, r2)
+        g1, g2 = gold(msgs, r1), gold(msgs, r2)
         if abs(g1 - g2) < min_margin:
             continue
         if g2 > g1:
