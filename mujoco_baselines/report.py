@@ -33,7 +33,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+from rgpo_lab.statistics import (
+    holm,
+    iqm,
+    mean_std,
+    performance_profile,
+    probability_of_improvement,
+    stratified_bootstrap_ci,
+    verdict,
+    welch,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
@@ -132,49 +142,6 @@ def load_runs(root: str) -> list[Run]:
     return runs
 
 
-# ----------------------------------------------------------------------------------------------- statistics
-def mean_std(values) -> tuple[float, float, int]:
-    """Mean, sample std (ddof = 1; nan for one value) and n."""
-    x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
-    if len(x) == 0:
-        return float("nan"), float("nan"), 0
-    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else float("nan"), len(x)
-
-
-def welch(a, b, alternative: str = "two-sided") -> tuple[float, float, float]:
-    """Welch t-test of mean(a) against mean(b) (scipy's ``alternative``): (t, Welch-Satterthwaite df, p); nan below
-    2 runs a side."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    if len(a) < 2 or len(b) < 2:
-        return float("nan"), float("nan"), float("nan")
-    res = stats.ttest_ind(a, b, equal_var=False, alternative=alternative)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return float(res.statistic), float(df), float(res.pvalue)
-
-
-def iqm(x) -> float:
-    """Interquartile mean: the mean of the middle 50% of the values (rliable's IQM)."""
-    return float(stats.trim_mean(np.asarray(x, float), 0.25))
-
-
-def probability_of_improvement(x, y) -> float:
-    """P(X > Y) + 0.5 P(X = Y) over all pairs: the Mann-Whitney U statistic / (n m)."""
-    x, y = np.asarray(x, float)[:, None], np.asarray(y, float)[None, :]
-    return float(((x > y) + 0.5 * (x == y)).mean())
-
-
-def stratified_bootstrap_ci(groups: list[tuple[np.ndarray, ...]], statistic, n_boot=2000, seed=0):
-    """95% percentile CI of ``statistic(groups)`` with every array of every group (environment) resampled with
-    replacement within itself: rliable's stratified bootstrap."""
-    rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(n_boot):
-        resampled = [tuple(a[rng.integers(0, len(a), len(a))] for a in g) for g in groups]
-        values.append(statistic(resampled))
-    return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
-
-
 # ----------------------------------------------------------------------------------------------- tables
 def _finished(runs, **where) -> list[Run]:
     return [r for r in runs if r.final and all(getattr(r, k) == v for k, v in where.items())]
@@ -204,7 +171,7 @@ def main_returns_table(runs):
             row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_n": n})
         ppo, rgpo = row["ppo_mean"], row["rgpo_mean"]
         row["delta_rgpo_vs_ppo"] = (rgpo - ppo) / abs(ppo) if row["ppo_n"] and row["rgpo_n"] else float("nan")
-        row["welch_t"], row["welch_df"], row["welch_p"] = welch(finals["rgpo"], finals["ppo"], "greater")
+        row["welch_t"], row["welch_df"], row["welch_p"], _ = welch(finals["rgpo"], finals["ppo"], "greater")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -292,7 +259,7 @@ def gates_table(runs):
     sigmoid = windows["sigmoid"]
     t["vs_sigmoid"] = t.window_return / (np.mean(sigmoid) if sigmoid else np.nan) - 1
     t["p_sigmoid_greater"] = [
-        np.nan if g == "sigmoid" else welch(sigmoid, windows[g], "greater")[2] for g in t.gate
+        np.nan if g == "sigmoid" else welch(sigmoid, windows[g], "greater").p for g in t.gate
     ]
     return t
 
@@ -363,7 +330,7 @@ def long_md(rows):
         lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
     tests = []
     for b in (1, 3, 6):
-        t, df, p = welch(rows[1][f"{b}M"], rows[0][f"{b}M"], "greater")
+        t, df, p, _ = welch(rows[1][f"{b}M"], rows[0][f"{b}M"], "greater")
         paper = f" (paper: p = {PAPER_LONG_P6})" if b == 6 else ""
         tests.append(
             f"{b}M: " + (f"t = {t:.2f} (df {df:.1f}), p = {p:.3f}" if np.isfinite(p) else "-") + paper
@@ -462,10 +429,13 @@ class Arm:
                 and (r.suite, r.variant) in self.sources and (self.seeds is None or r.cfg["seed"] in self.seeds)]  # fmt: skip
 
 
-ANNEALED = (("main", "default"), ("annealed5", "default"))
+# One code path (--compile, deterministic evaluation in every run): main_compiled's seeds 0-2 (main's eager runs
+# re-run) and annealed5's 3-4. main's eager runs stay the paper tables' (and the eager-vs-compiled comparison's).
+ANNEALED = (("main_compiled", "default"), ("annealed5", "default"))
 STUDIES = {
     "annealed": {
-        "title": "PPO vs RGPO, CleanRL defaults (learning rate annealed), 5 seeds (main's 0-2 + annealed5's 3-4)",
+        "title": "PPO vs RGPO, CleanRL defaults (learning rate annealed), seeds 0-4 of one compiled path "
+        "(main_compiled's 0-2 + annealed5's 3-4)",
         "envs": ENVS,
         "arms": (Arm("ppo", "ppo", ANNEALED), Arm("rgpo", "rgpo", ANNEALED)),
     },
@@ -499,7 +469,7 @@ STUDIES = {
 
 
 # Stale samples (suite policy_lag), read by this rule, fixed before its runs.
-LAG_L0 = (("main_compiled", "default"), ("annealed5", "default"))  # L = 0: seeds 0-4 of one compiled path
+LAG_L0 = ANNEALED  # L = 0: seeds 0-4 of one compiled path
 LAG_ARMS = (("ppo", "ppo", ""), ("ppo decoupled", "ppo", "_decoupled"),
             ("rgpo", "rgpo", ""), ("rgpo decoupled", "rgpo", "_decoupled"))  # fmt: skip
 POLICY_LAG = {
@@ -518,7 +488,9 @@ POLICY_LAG = {
         "its method's mean at L = 0) is higher with Holm-adjusted p <= 0.05 over the 4 RGPO-PPO pairs of that "
         "environment, *less robust* if lower at that level, otherwise no significant difference. (4) Whether "
         "the gate acted: RGPO's rejected fraction and kl_coef at each lag, next to the behaviour ratio's "
-        "statistics, as numbers (no test)."
+        "statistics, as numbers (no test). (5) Performance profile of the evaluation returns at L = 8, min-max "
+        "normalised per environment over every run of the study (all lags and arms: 0 = the worst run, 1 = the "
+        "best), with stratified-bootstrap 95% bands."
     ),
 }
 
@@ -546,8 +518,6 @@ def _metric_mean(rs, key, how="mean") -> float:
 def policy_lag_tables(runs) -> dict:
     """The policy-lag study by its reading rule: per-arm summaries, the pairwise families, the change from L = 0
     to L = 8 and the robustness family (see POLICY_LAG['reading'])."""
-    from rgpo_lab.statistics import holm, mean_std, verdict, welch
-
     arms, summary, pairs, change, robust = LAG_ARMS, [], [], [], []
     for env in POLICY_LAG["envs"]:
         base = {label: _eval_values(lag_runs(runs, env, 0, m, "")) for label, m, _ in arms}
@@ -655,6 +625,43 @@ def policy_lag_md(runs) -> str:
     return "\n".join(lines)
 
 
+def eager_vs_compiled(runs) -> list[dict]:
+    """main's eager runs against main_compiled's re-runs of the same seeds (0-2) per environment and method: the
+    training return (main's runs have no deterministic evaluation), mean KL, every seed's pair; two-sided Welch,
+    Holm over the 8 tests. The check compile_equiv made at 300k steps on two environments, at 1M on all four."""
+    rows = []
+    for env in ENVS:
+        for method in ("ppo", "rgpo"):
+            eager = _finished(runs, suite="main", env=env, method=method)
+            compiled = _finished(runs, suite="main_compiled", env=env, method=method)
+            by_seed = {r.cfg["seed"]: r.final_return for r in compiled}
+            rows.append({"env": env, "method": method, "eager": mean_std([r.final_return for r in eager]),
+                         "compiled": mean_std(list(by_seed.values())), "kl_eager": _mean_kl(eager),
+                         "kl_compiled": _mean_kl(compiled),
+                         "pairs": [(r.cfg["seed"], r.final_return, by_seed.get(r.cfg["seed"])) for r in eager],
+                         "test": welch(list(by_seed.values()), [r.final_return for r in eager])})  # fmt: skip
+    for row, p_adj in zip(rows, holm([r["test"].p for r in rows]), strict=True):
+        row.update(p_holm=p_adj, verdict=verdict(row["test"].diff, p_adj))
+    return rows
+
+
+def eager_vs_compiled_md(runs) -> str:
+    lines = ["main's eager runs (seeds 0-2) against main_compiled's compiled re-runs of the same seeds, training "
+             "return (last 100 episodes; main's runs have no deterministic evaluation). Two-sided Welch, Holm over "
+             "the 8 tests; verdict: compiled against eager. The two paths are different runs of a seed: --compile's "
+             "numpy mean action differs from torch's by float32 rounding within the first steps and the dynamics "
+             "amplify it (benchmarks/results/mujoco_path_divergence.md), so they are compared over seeds.", "",
+             "| env | method | eager | compiled | seed: eager / compiled | mean KL eager / compiled | Welch t / df / p | Holm p | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in eager_vs_compiled(runs):
+        pairs = ", ".join(f"{s}: {e:.0f} / {'-' if c is None else f'{c:.0f}'}" for s, e, c in r["pairs"])
+        holm_p = "not tested" if not np.isfinite(r["p_holm"]) else f"{_p(r['p_holm'])}"
+        lines.append(f"| {r['env']} | {r['method']} | {_fmt(*r['eager'])} | {_fmt(*r['compiled'])} | {pairs} | "
+                     f"{_kl(r['kl_eager'])} / {_kl(r['kl_compiled'])} | {_tdp(r['test'])} | {holm_p} | "
+                     f"{r['verdict']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def _eval(r) -> float:
     return float(r.final.get("eval_return_mean", float("nan")))
 
@@ -710,6 +717,40 @@ def study_contrasts(runs, study: dict) -> list[dict]:
                          "train": welch(a_train, b_train), "eval": welch(_eval_values(a), _eval_values(b)),
                          "kl_a": _mean_kl(a), "kl_b": _mean_kl(b)})  # fmt: skip
     return rows
+
+
+def study_tests(runs, study: dict) -> tuple[list[dict], list[dict]]:
+    """`study_table` and `study_contrasts` with Holm's correction: one family per metric (training, evaluation)
+    holding every test of the study (each arm against the first, every environment, and the extra pairs), so
+    'higher' / 'lower' (in either direction) are said only of corrected two-sided tests."""
+    rows, contrasts = study_table(runs, study), study_contrasts(runs, study)
+    for metric, row_key, contrast_key in (
+        ("train", "train_vs_ref", "train"),
+        ("eval", "eval_vs_ref", "eval"),
+    ):
+        tests = [(r, r[row_key]) for r in rows if row_key in r] + [(c, c[contrast_key]) for c in contrasts]
+        for (owner, test), p_adj in zip(tests, holm([t.p for _, t in tests]), strict=True):
+            owner[f"{metric}_p_holm"] = p_adj
+            owner[f"{metric}_verdict"] = verdict(test.diff, p_adj)
+    return rows, contrasts
+
+
+def code_paths(rs) -> str:
+    """Which code path the runs took ('compiled 3, eager 2'), from each run's config.json."""
+    n = {"compiled": sum(bool(r.cfg.get("compile")) for r in rs)}
+    n["eager"] = len(rs) - n["compiled"]
+    return ", ".join(f"{k} {v}" for k, v in n.items() if v) or "none"
+
+
+def study_runs_md(runs, study: dict) -> str:
+    """The runs each arm of a study uses: suites, variants, seeds and code path."""
+    lines = []
+    for arm in study["arms"]:
+        rs = [r for env in study["envs"] for r in arm.runs(runs, env)]
+        seeds = "all seeds" if arm.seeds is None else f"seeds {', '.join(map(str, arm.seeds))}"
+        sources = "; ".join(f"{suite}/{variant}" for suite, variant in arm.sources)
+        lines.append(f"- {arm.label}: {sources} ({seeds}); finished runs: {len(rs)} ({code_paths(rs)})")
+    return "\n".join(lines)
 
 
 def normalised_scores(
@@ -803,26 +844,37 @@ def _tdp(w) -> str:
     return "" if w is None or not np.isfinite(w[0]) else f"{w[0]:.2f} / {w[1]:.1f} / {w[2]:.3f}"
 
 
+def _holm_cell(row, metric) -> str:
+    """'Holm p: verdict' of one corrected test; empty where the row has no test."""
+    if f"{metric}_p_holm" not in row:
+        return ""
+    p_adj = row[f"{metric}_p_holm"]
+    return "not tested" if not np.isfinite(p_adj) else f"{_p(p_adj)}: {row[f'{metric}_verdict']}"
+
+
 def study_md(runs, study: dict, n_boot=2000) -> str:
-    rows = study_table(runs, study)
-    lines = [study["title"] + ". Mean ± sample std (n); Welch two-sided against the first arm.", "",
-             "| env | arm | n | training return | evaluation return | mean KL | policy entropy, last iteration | vs ref (training) | std / ref std | Welch t / df / p (training) | Welch t / df / p (evaluation) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows, contrasts = study_tests(runs, study)
+    lines = [study["title"] + ". Mean ± sample std (n); Welch two-sided against the first arm; Holm over every "
+             "test of the study per metric (the table's and the further pairs'), verdict of the corrected test "
+             "(arm against the first arm).", "", "Runs:", study_runs_md(runs, study), "",
+             "| env | arm | n | training return | evaluation return | mean KL | policy entropy, last iteration | vs ref (training) | std / ref std | Welch t / df / p (training) | Holm p (training) | Welch t / df / p (evaluation) | Holm p (evaluation) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(
             f"| {r['env']} | {r['arm']} | {r['n']} | {_fmt(*r['train'])} | {_fmt(*r['eval'])} | "
             f"{r['kl']:.4f} | {_fmt(*r['entropy'], digits=2)} | {_pct(r.get('train_diff', np.nan))} | "
-            f"{_p(r.get('std_ratio', np.nan))} | {_tdp(r.get('train_vs_ref'))} | {_tdp(r.get('eval_vs_ref'))} |"
+            f"{_p(r.get('std_ratio', np.nan))} | {_tdp(r.get('train_vs_ref'))} | {_holm_cell(r, 'train')} | "
+            f"{_tdp(r.get('eval_vs_ref'))} | {_holm_cell(r, 'eval')} |"
         )
-    contrasts = study_contrasts(runs, study)
     if contrasts:
-        lines += ["", "Further pairs (Welch two-sided, a against b):", "",
-                  "| env | a | b | training return a | training return b | a vs b | Welch t / df / p (training) | Welch t / df / p (evaluation) | mean KL a / b |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += ["", "Further pairs (Welch two-sided, a against b; Holm in the study's family):", "",
+                  "| env | a | b | training return a | training return b | a vs b | Welch t / df / p (training) | Holm p (training) | Welch t / df / p (evaluation) | Holm p (evaluation) | mean KL a / b |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for c in contrasts:
             lines.append(
                 f"| {c['env']} | {c['a']} | {c['b']} | {_fmt(*c['train_a'])} | {_fmt(*c['train_b'])} | "
-                f"{_pct(c['diff'])} | {_tdp(c['train'])} | {_tdp(c['eval'])} | {_kl(c['kl_a'])} / {_kl(c['kl_b'])} |"
+                f"{_pct(c['diff'])} | {_tdp(c['train'])} | {_holm_cell(c, 'train')} | {_tdp(c['eval'])} | "
+                f"{_holm_cell(c, 'eval')} | {_kl(c['kl_a'])} / {_kl(c['kl_b'])} |"
             )
     if study.get("reading"):
         lines += ["", study["reading"]]
@@ -861,19 +913,13 @@ def study_figures(runs, out) -> list[str]:
     for name, study in STUDIES.items():
         if not any(a.runs(runs, e) for a in study["arms"] for e in study["envs"]):
             continue
-        panels = [("reference", np.linspace(0, 2, 201), f"1 = {study['arms'][0].label}'s mean")]
+        panels = [("reference", f"1 = {study['arms'][0].label}'s mean")]
         if ill_conditioned_envs(runs, study):  # as in study_md: the reference mean is near 0 somewhere
-            panels.append(("minmax", np.linspace(0, 1, 101), "min-max per environment"))
+            panels.append(("minmax", "min-max per environment"))
         fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.4), squeeze=False)
-        for ax, (scale, taus, what) in zip(axes[0], panels, strict=True):
-            scores = normalised_scores(runs, study, scale=scale)
-            for arm in study["arms"]:
-                x = np.concatenate(list(scores[arm.label].values())) if scores[arm.label] else np.array([])
-                if len(x):
-                    ax.plot(taus, [(x > t).mean() for t in taus], label=f"{arm.label} (n={len(x)})")
+        for ax, (scale, what) in zip(axes[0], panels, strict=True):
+            _profile_panel(ax, normalised_scores(runs, study, scale=scale), [a.label for a in study["arms"]])
             ax.set_xlabel(f"normalised training return tau ({what})")
-            ax.set_ylabel("fraction of runs > tau")
-            ax.legend(fontsize=7)
         written.append(_save(fig, out, f"performance_profile_{name}.png"))
         envs = study["envs"]
         fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.4), squeeze=False)
@@ -895,6 +941,82 @@ def study_figures(runs, out) -> list[str]:
             )
         )
     return written
+
+
+def policy_lag_scores(runs) -> dict[str, dict[str, np.ndarray]]:
+    """Evaluation returns at L = 8 per arm and environment, min-max normalised per environment over every run of
+    the policy-lag study (all lags and arms), as its reading rule fixes."""
+    out: dict[str, dict[str, np.ndarray]] = {label: {} for label, _, _ in LAG_ARMS}
+    for env in POLICY_LAG["envs"]:
+        every = [v for lag in POLICY_LAG["lags"] for _, m, sfx in LAG_ARMS
+                 for v in _eval_values(lag_runs(runs, env, lag, m, sfx))]  # fmt: skip
+        if len(every) < 2 or max(every) == min(every):
+            continue
+        lo, span = min(every), max(every) - min(every)
+        for label, m, sfx in LAG_ARMS:
+            x = np.asarray(_eval_values(lag_runs(runs, env, 8, m, sfx)), float)
+            if len(x):
+                out[label][env] = (x - lo) / span
+    return out
+
+
+def policy_lag_figures(runs, out) -> list[str]:
+    """The policy-lag study's profile (its reading rule (5)) and, per environment, the L = 8 arms along training:
+    training return, the behaviour ratio's max, the gate's rejected / PPO's clipped fraction and RGPO's kl_coef
+    (mean ± sample std over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not any(lag_runs(runs, env, 8, m, sfx) for env in POLICY_LAG["envs"] for _, m, sfx in LAG_ARMS):
+        return []
+    written = []
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    _profile_panel(ax, policy_lag_scores(runs), [label for label, _, _ in LAG_ARMS])
+    ax.set_xlabel("evaluation return at L = 8 (min-max per environment over the study's runs)")
+    written.append(_save(fig, out, "performance_profile_policy_lag.png"))
+    panels = [("return_last100", "training return (last 100)"), ("behaviour_ratio_max", "max r_b"),
+              ("rejected_frac", "rejected (RGPO) / clipped (PPO)"), ("kl_coef", "RGPO kl_coef")]  # fmt: skip
+    envs = POLICY_LAG["envs"]
+    fig, axes = plt.subplots(
+        len(envs), len(panels), figsize=(4.0 * len(panels), 3.0 * len(envs)), squeeze=False
+    )
+    for i, env in enumerate(envs):
+        for j, (key, title) in enumerate(panels):
+            ax = axes[i, j]
+            for label, m, sfx in LAG_ARMS:
+                rs = lag_runs(runs, env, 8, m, sfx)
+                col = "clipfrac" if key == "rejected_frac" and m == "ppo" else key
+                rs = [r for r in rs if col in r.metrics]
+                if rs:
+                    _plot_mean_band(ax, rs, col, label, log=False)
+            ax.set_title(f"{env}, L = 8: {title}", fontsize=8)
+            ax.set_xlabel("environment steps")
+        axes[i, 0].legend(fontsize=6)
+    written.append(_save(fig, out, "curves_policy_lag.png"))
+    return written
+
+
+def _profile_panel(ax, scores: dict[str, dict[str, np.ndarray]], labels, n_boot: int = 2000) -> None:
+    """Performance profiles of several arms on one axis spanning every run of every arm, each with its
+    stratified-bootstrap 95% band (rgpo_lab.statistics.performance_profile)."""
+    pooled = [x for label in labels for x in scores.get(label, {}).values()]
+    if not pooled:
+        return
+    lo, hi = float(min(x.min() for x in pooled)), float(max(x.max() for x in pooled))
+    pad = 0.05 * (hi - lo if hi > lo else 1.0)
+    taus = np.linspace(lo - pad, hi + pad, 201)
+    for k, label in enumerate(labels):
+        per_env = list(scores.get(label, {}).values())
+        if not per_env:
+            continue
+        prof = performance_profile(per_env, taus, n_boot=n_boot)
+        n = sum(map(len, per_env))
+        ax.plot(taus, prof.fraction, color=f"C{k}", label=f"{label} (n={n})")
+        ax.fill_between(taus, prof.low, prof.high, color=f"C{k}", alpha=0.15)
+    ax.set_ylabel("fraction of runs > tau")
+    ax.legend(fontsize=7)
 
 
 # ----------------------------------------------------------------------------------------------- figures
@@ -1033,12 +1155,14 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
     b_t.to_csv(os.path.join(out, "beta0.csv"), index=False)
     with open(os.path.join(out, "aggregate.json"), "w") as f:
         json.dump(agg, f, indent=2)
-    figs = (figures(runs, out) + study_figures(runs, out)) if plots else []
-    studies = {name: study_table(runs, study) for name, study in STUDIES.items()}
-    studies.update(
-        {f"{name}_contrasts": study_contrasts(runs, s) for name, s in STUDIES.items() if s.get("contrasts")}
-    )
+    figs = (figures(runs, out) + study_figures(runs, out) + policy_lag_figures(runs, out)) if plots else []
+    studies = {}
+    for name, study in STUDIES.items():
+        studies[name], contrasts = study_tests(runs, study)
+        if study.get("contrasts"):
+            studies[f"{name}_contrasts"] = contrasts
     studies["policy_lag"] = policy_lag_tables(runs)
+    studies["eager_vs_compiled"] = eager_vs_compiled(runs)
     with open(os.path.join(out, "studies.json"), "w") as f:
         json.dump(_plain(studies), f, indent=2)
     sections = [
@@ -1053,6 +1177,7 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
         ("Long horizon, HalfCheetah-v4 (paper Table longhorizon)", long_md(long_rows)),
         ("The PPO-KL question", ppo_kl_md(runs)),
         *((f"When does RGPO help? {name}", study_md(runs, study, n_boot)) for name, study in STUDIES.items()),
+        ("Eager vs compiled, 1M steps (main vs main_compiled)", eager_vs_compiled_md(runs)),
         ("Stale samples (policy lag)", policy_lag_md(runs)),
     ]
     md = ["# MuJoCo results vs the paper", "",

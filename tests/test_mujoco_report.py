@@ -193,12 +193,12 @@ def test_long_horizon_table_welch_and_figure(tmp_path):
 
 
 def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
-    """The 'annealed' study pools main's seeds 0-2 with annealed5's 3-4; training and evaluation returns, Welch
+    """The 'annealed' study pools main_compiled's seeds 0-2 with annealed5's 3-4; training and evaluation returns, Welch
     two-sided against scipy, the std ratio, and the aggregate IQM / probability of improvement by hand."""
     root = str(tmp_path / "results")
     ppo, rgpo = [100.0, 200.0, 300.0, 260.0, 240.0], [150.0, 250.0, 100.0, 400.0, 330.0]
     for seed in range(5):
-        suite = "main" if seed < 3 else "annealed5"
+        suite = "main_compiled" if seed < 3 else "annealed5"
         for method, value in (("ppo", ppo[seed]), ("rgpo", rgpo[seed])):
             write_run(root, suite, "Hopper-v4", method, seed, value, [0.02, 0.03])
             if suite == "annealed5":  # only the new runs have a deterministic evaluation
@@ -219,7 +219,7 @@ def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
     assert rows["rgpo"]["train"] == pytest.approx((np.mean(rgpo), np.std(rgpo, ddof=1), 5))
     assert rows["rgpo"]["eval"] == pytest.approx((2 * np.mean(rgpo[3:]), 2 * np.std(rgpo[3:], ddof=1), 2))
     ref = stats.ttest_ind(rgpo, ppo, equal_var=False)
-    t, df, p = rows["rgpo"]["train_vs_ref"]
+    t, df, p, diff = rows["rgpo"]["train_vs_ref"]
     assert (t, p) == pytest.approx((ref.statistic, ref.pvalue)) and 4 < df < 8
     assert rows["rgpo"]["std_ratio"] == pytest.approx(np.std(rgpo, ddof=1) / np.std(ppo, ddof=1))
     assert rows["rgpo"]["train_diff"] == pytest.approx(np.mean(rgpo) / np.mean(ppo) - 1)
@@ -240,14 +240,15 @@ def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
 
 def test_kl_budget_contrast_tests_capped_ppo_against_rgpo_at_its_default_budget(tmp_path):
     """The kl_budget study's extra pair: PPO with target_kl 0.03 (kl_budget suite) against RGPO at target 0.02
-    (main's seeds 0-2 only), Welch two-sided against scipy, each arm's mean KL over its iterations."""
+    (main_compiled's seeds 0-2 only), Welch two-sided against scipy, each arm's mean KL over its iterations; Holm
+    over the study's family (here the contrast is the only training test with two runs a side)."""
     root = str(tmp_path / "results")
     capped, rgpo = [900.0, 1100.0, 1300.0], [700.0, 650.0, 900.0]
     for seed in range(3):
         write_run(
             root, "kl_budget", "Ant-v4", "ppo", seed, capped[seed], [0.03, 0.01], variant="targetkl0.03"
         )
-        write_run(root, "main", "Ant-v4", "rgpo", seed, rgpo[seed], [0.02, 0.02 + seed / 100])
+        write_run(root, "main_compiled", "Ant-v4", "rgpo", seed, rgpo[seed], [0.02, 0.02 + seed / 100])
     write_run(root, "annealed5", "Ant-v4", "rgpo", 3, 5000.0, [0.5])  # seed 3: not in the study's seeds 0-2
     (row,) = [
         c
@@ -262,6 +263,10 @@ def test_kl_budget_contrast_tests_capped_ppo_against_rgpo_at_its_default_budget(
         np.mean([0.02, 0.02, 0.02, 0.03, 0.02, 0.04])
     )
     assert np.isnan(row["eval"][0])  # no evaluation in these runs: no test, not a zero
+    _, contrasts = report.study_tests(report.load_runs(root), report.STUDIES["kl_budget"])
+    (tested,) = [c for c in contrasts if c["env"] == "Ant-v4"]
+    assert tested["train_p_holm"] == pytest.approx(ref.pvalue)  # a family of one test
+    assert tested["train_verdict"] == ("higher" if ref.pvalue <= 0.05 else "no significant difference")
     md = report.study_md(report.load_runs(root), report.STUDIES["kl_budget"], n_boot=50)
     assert (
         f"{ref.statistic:.2f} / " in md
@@ -362,8 +367,15 @@ def test_policy_lag_study_follows_its_reading_rule(tmp_path):
     assert retention["rgpo", "ppo decoupled"]["test"].p == pytest.approx(
         stats.ttest_ind(np.array(arms["rgpo"]) / np.mean(l0["rgpo"]), np.array(arms["ppo decoupled"]) / np.mean(l0["ppo"]), equal_var=False).pvalue
     )  # fmt: skip
-    text = report.build_report(root, str(tmp_path / "out"), n_boot=20, plots=False)
+    scores = report.policy_lag_scores(report.load_runs(root))  # min-max over every run of the study
+    every = [v for d in (l0, l8["lag8"], l8["lag8_decoupled"]) for vs in d.values() for v in vs]
+    lo, hi = min(every), max(every)
+    assert scores["rgpo"][env] == pytest.approx((np.array(l8["lag8"]["rgpo"]) - lo) / (hi - lo))
+    assert scores["ppo"][env].min() == pytest.approx(0.0)  # PPO at L = 8 holds the worst run
+    text = report.build_report(root, str(tmp_path / "out"), n_boot=20, plots=True)
     assert "## Stale samples (policy lag)" in text and "fixed before the runs" in text
+    assert (tmp_path / "out" / "performance_profile_policy_lag.png").exists()
+    assert (tmp_path / "out" / "curves_policy_lag.png").exists()
     assert (
         json.load(open(tmp_path / "out" / "studies.json"))["policy_lag"]["pairs"][0]["test"]["p"] is not None
     )
