@@ -9,8 +9,11 @@ STAMP := .install.stamp
 .PHONY: install demo core-demo test test-slow lint docs clean
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_CPU)"
+	@$(PYTHON) -c "import torch" 2>/dev/null || { echo "[install] torch CPU wheel ($(TORCH_CPU)), about a minute"; \
+		$(PIP) install --quiet "$(TORCH_CPU)"; }
+	@echo "[install] rgpo-trl and its extras [$(EXTRAS)] (TRL, transformers, MuJoCo, DeepSpeed, ...), 1-2 minutes"
 	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+	@echo "[install] done"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -20,7 +23,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PYTHON) -m rgpo_trl.tiny_hh
 	$(PYTHON) -m accelerate.commands.launch --config_file recipes/accelerate_configs/cpu.yaml \
-		recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_tiny.yaml $(DEMO_ARGS)
+		--num_cpu_threads_per_process 2 recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_tiny.yaml $(DEMO_ARGS)
 
 core-demo: $(STAMP)
 	$(PYTHON) examples/core_demo.py

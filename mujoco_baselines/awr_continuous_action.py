@@ -14,14 +14,19 @@ import tyro
 import rgpo_trl
 from mujoco_baselines.common import (
     Agent,
-    CheckpointError,
     MujocoEnv,
-    NonFiniteLossError,
     Rollout,
     Run,
     UpdateStep,
+    cli,
     iteration_metrics,
+    resolve_args,
     seed_everything,
+)
+
+DESCRIPTION = (
+    "AWR (advantage-weighted regression) on a MuJoCo task, "
+    "CleanRL-style single file (rgpo-trl's MuJoCo baselines)."
 )
 
 
@@ -122,9 +127,9 @@ class Args:
     """weights are clipped to <= this (Peng et al. 2019 use 20); with normalised advantages and beta 1
     the clip binds only for A > 3 std"""
 
-    # filled at runtime
-    batch_size: int = 0
-    num_iterations: int = 0
+    # derived from the above at start (not command-line options)
+    batch_size: tyro.conf.Suppress[int] = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -169,10 +174,7 @@ STAT_NAMES = ["kl", "ess", "weight_clipfrac", "weight_max"]
 
 
 def main(args: Args) -> dict:
-    args.batch_size = args.num_steps
-    args.num_iterations = args.total_timesteps // args.batch_size
-    assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
-    assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
+    resolve_args(args)  # derived fields and input checks, before anything is created
     run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
@@ -252,7 +254,4 @@ TB_KEYS = {
 
 
 if __name__ == "__main__":
-    try:
-        main(tyro.cli(Args))
-    except (NonFiniteLossError, CheckpointError) as e:
-        raise SystemExit(f"ERROR: {e}") from e
+    cli(main, Args, DESCRIPTION)

@@ -22,7 +22,9 @@ import platform
 import random
 import statistics
 import subprocess
+import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, fields
 
@@ -33,12 +35,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rgpo_trl.cli import UsageError
+
 # --------------------------------------------------------------------------------------------- #
 # Environment: one gymnasium env, no vector wrapper. Resets are explicit (no autoreset, so no fake
 # transitions), normalisation is done here with the same update rules as gymnasium's wrappers,
 # and episode returns are the raw, unnormalised rewards.
 # --------------------------------------------------------------------------------------------- #
 SQRT2 = math.sqrt(2.0)
+
+
+def _mujoco_warning(message: str) -> None:
+    """MuJoCo's warnings as it prints them, less one: gymnasium's v4 model files still set `settotalmass`, which
+    MuJoCo 3 reports as deprecated on every load of HalfCheetah or Ant, with nothing for a user to act on."""
+    if "settotalmass" not in message:
+        print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+
+mujoco.set_mju_user_warning(_mujoco_warning)
 
 
 class RunningMeanStd:
@@ -57,11 +71,33 @@ class RunningMeanStd:
         self.count = tot
 
 
+def check_env(env_id: str) -> None:
+    """A misspelt id (with gymnasium's suggestion) or an environment without continuous actions and Box
+    observations: refused at start, before the run directory exists."""
+    try:
+        with warnings.catch_warnings():  # the v4 ids' deprecation notice: shown once, by the training env
+            warnings.simplefilter("ignore", DeprecationWarning)
+            env = gym.make(env_id)
+    except gym.error.Error as err:
+        raise UsageError(f"env_id: {err}") from err
+    try:
+        for what, space in (("action", env.action_space), ("observation", env.observation_space)):
+            if not isinstance(space, gym.spaces.Box):
+                raise UsageError(
+                    f"env_id {env_id!r} has a {type(space).__name__} {what} space; these scripts need Box "
+                    "(continuous) actions and observations, e.g. HalfCheetah-v4, Walker2d-v4, Hopper-v4, Ant-v4"
+                )
+    finally:
+        env.close()
+
+
 class MujocoEnv:
     def __init__(self, args):
         self.env = gym.make(args.env_id)
-        assert isinstance(self.env.action_space, gym.spaces.Box), "only continuous action spaces"
-        assert isinstance(self.env.observation_space, gym.spaces.Box), "only Box observations"
+        if not isinstance(self.env.action_space, gym.spaces.Box) or not isinstance(
+            self.env.observation_space, gym.spaces.Box
+        ):
+            raise UsageError(f"env_id {args.env_id!r}: only Box actions and observations (see check_env)")
         self.obs_dim = int(np.prod(self.env.observation_space.shape))
         self.act_dim = int(np.prod(self.env.action_space.shape))
         self.low, self.high = self.env.action_space.low, self.env.action_space.high
@@ -330,7 +366,9 @@ EVAL_SEED_OFFSET = 10_000  # the evaluation environment's seed is the run's seed
 def evaluate(env, agent, args) -> list[float]:
     """Undiscounted returns of ``args.eval_episodes`` episodes of ``agent.mean_action`` on a new ``args.env_id``
     environment, observations normalised with ``env``'s statistics as they are now (not updated)."""
-    eval_env = gym.make(args.env_id)
+    with warnings.catch_warnings():  # the v4 ids' deprecation notice was shown by the training env
+        warnings.simplefilter("ignore", DeprecationWarning)
+        eval_env = gym.make(args.env_id)
     mean, std = env.obs_rms.mean.copy(), np.sqrt(env.obs_rms.var + 1e-8)
     returns = []
     try:
@@ -378,6 +416,43 @@ def write_eval_csv(run_dir: str, rows: list[dict]) -> None:
 # The run around the algorithm: setup, rollout, advantages, the update step (eager or --compile, chosen once),
 # per-iteration metrics, logging, checkpoints, the end of the run.
 # --------------------------------------------------------------------------------------------- #
+def resolve_args(args) -> None:
+    """The derived fields (batch_size, num_iterations) and every check that needs no environment step, before
+    anything is created: a bad input exits with one line and leaves no run directory. Says up front when
+    total_timesteps is not a whole number of iterations."""
+    args.batch_size = args.num_steps
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations < 1:
+        raise UsageError(
+            f"total_timesteps must be >= num_steps ({args.num_steps}), got {args.total_timesteps}"
+        )
+    if args.batch_size % args.minibatch_size:
+        raise UsageError(
+            f"num_steps ({args.num_steps}) must be a multiple of minibatch_size ({args.minibatch_size})"
+        )
+    if hasattr(args, "policy_lag"):
+        check_stale_sample_args(args)
+    check_env(args.env_id)
+    steps = args.num_iterations * args.batch_size
+    if steps != args.total_timesteps:
+        print(
+            f"total_timesteps {args.total_timesteps} is not a multiple of num_steps {args.num_steps}: running "
+            f"{args.num_iterations} iterations = {steps} steps",
+            flush=True,
+        )
+
+
+def cli(main, args_class, description: str) -> None:
+    """A script's entry point: tyro parses ``args_class`` (``--help`` starts with ``description``), ``main`` runs;
+    a bad input, an unusable checkpoint or a non-finite loss exits with one line (``--debug``: the traceback)."""
+    import tyro
+
+    from rgpo_trl.cli import run_main
+
+    errors = (UsageError, CheckpointError, NonFiniteLossError)
+    sys.exit(run_main(lambda: main(tyro.cli(args_class, description=description)), errors=errors))
+
+
 def seed_everything(args) -> None:
     """CleanRL's seeding block (Python, NumPy, torch) and the torch thread count."""
     random.seed(args.seed)
@@ -460,9 +535,9 @@ class Rollout:
 def check_stale_sample_args(args) -> None:
     """--policy-lag / --max-is-weight out of range: refused at start, naming the field."""
     if args.policy_lag < 0:
-        raise ValueError(f"policy_lag must be an integer >= 0 (0: on-policy), got {args.policy_lag}")
+        raise UsageError(f"policy_lag must be an integer >= 0 (0: on-policy), got {args.policy_lag}")
     if not args.max_is_weight > 0:
-        raise ValueError(f"max_is_weight must be > 0, got {args.max_is_weight}")
+        raise UsageError(f"max_is_weight must be > 0, got {args.max_is_weight}")
 
 
 class PolicyLag:
@@ -785,11 +860,21 @@ class Run:
         }
         if args.eval_episodes > 0:
             final.update(eval_summary(evaluate(env, agent, args)), eval_seed=args.seed + EVAL_SEED_OFFSET)
+        closing = (
+            f"done: {rollout.global_step} steps; training return (last {final['final_return_episodes']} episodes) "
+            f"{final['final_return']:.1f}"
+        )
+        if args.eval_episodes > 0:
+            closing += (
+                f"; evaluation return ({args.eval_episodes} mean-action episodes) {final['eval_return_mean']:.1f}"
+                f" ± {final['eval_return_std']:.1f}"
+            )
         with open(os.path.join(self.dir, "final.json.tmp"), "w") as f:
             json.dump(final, f, indent=2)
         os.replace(os.path.join(self.dir, "final.json.tmp"), os.path.join(self.dir, "final.json"))
         if not args.keep_checkpoint and os.path.exists(self.ckpt_path):
             os.remove(self.ckpt_path)
+        print(f"{closing}; results in {self.dir}", flush=True)
         return final
 
     def close(self, env) -> None:

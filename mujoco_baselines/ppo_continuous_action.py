@@ -13,19 +13,22 @@ import tyro
 import rgpo_trl
 from mujoco_baselines.common import (
     Agent,
-    CheckpointError,
     MujocoEnv,
-    NonFiniteLossError,
     PolicyLag,
     Rollout,
     Run,
     UpdateStep,
     behaviour_ratio_stats,
-    check_stale_sample_args,
+    cli,
     iteration_metrics,
     minibatches,
+    resolve_args,
     seed_everything,
     truncated_weight,
+)
+
+DESCRIPTION = (
+    "PPO (clipped surrogate) on a MuJoCo task, CleanRL-style single file (rgpo-trl's MuJoCo baselines)."
 )
 
 
@@ -135,9 +138,9 @@ class Args:
     target_kl: float | None = None
     """optional KL early stopping after an epoch (off by default, as in CleanRL)"""
 
-    # filled at runtime
-    batch_size: int = 0
-    num_iterations: int = 0
+    # derived from the above at start (not command-line options)
+    batch_size: tyro.conf.Suppress[int] = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -188,11 +191,7 @@ STAT_NAMES = ["kl", "ess", "clipfrac"]
 
 
 def main(args: Args) -> dict:
-    args.batch_size = args.num_steps
-    args.num_iterations = args.total_timesteps // args.batch_size
-    assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
-    assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
-    check_stale_sample_args(args)
+    resolve_args(args)  # derived fields and input checks, before anything is created
     run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
@@ -293,7 +292,4 @@ TB_KEYS = {
 
 
 if __name__ == "__main__":
-    try:
-        main(tyro.cli(Args))
-    except (NonFiniteLossError, CheckpointError) as e:
-        raise SystemExit(f"ERROR: {e}") from e
+    cli(main, Args, DESCRIPTION)

@@ -15,19 +15,24 @@ import tyro
 import rgpo_trl
 from mujoco_baselines.common import (
     Agent,
-    CheckpointError,
     MujocoEnv,
-    NonFiniteLossError,
     PolicyLag,
     Rollout,
     Run,
     UpdateStep,
     behaviour_ratio_stats,
-    check_stale_sample_args,
+    cli,
     iteration_metrics,
     minibatches,
+    resolve_args,
     seed_everything,
     truncated_weight,
+)
+from rgpo_trl.cli import UsageError
+
+DESCRIPTION = (
+    "RGPO (rejection-gated policy optimisation) on a MuJoCo task, "
+    "CleanRL-style single file (rgpo-trl's MuJoCo baselines)."
 )
 
 
@@ -153,9 +158,9 @@ class Args:
     """hard backstop: leave the epoch loop after an epoch when the iteration's mean KL so far exceeds this
     (<= 0 disables)"""
 
-    # filled at runtime
-    batch_size: int = 0
-    num_iterations: int = 0
+    # derived from the above at start (not command-line options)
+    batch_size: tyro.conf.Suppress[int] = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -207,20 +212,24 @@ STAT_NAMES = ["kl", "ess", "gate_mean", "weight_mean", "rejected_frac", "ratio_m
 
 
 def main(args: Args) -> dict:
-    args.batch_size = args.num_steps
-    args.num_iterations = args.total_timesteps // args.batch_size
-    assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
-    assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
-    check_stale_sample_args(args)
+    resolve_args(args)  # derived fields and input checks, before anything is created
+    try:  # the gate and the KL controller check their own parameters
+        gate = rgpo_trl.make_gate(args.gate, **args.gate_params)
+        kl_ctl = rgpo_trl.make_kl_controller(
+            args.kl_controller,
+            kl_coef=args.kl_coef,
+            kl_target=args.kl_target,
+            kl_coef_min=args.kl_coef_min,
+            kl_coef_max=args.kl_coef_max,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
     env = MujocoEnv(args)
     agent = Agent(env.obs_dim, env.act_dim, args)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-    gate = rgpo_trl.make_gate(args.gate, **args.gate_params)
-    kl_ctl = rgpo_trl.make_kl_controller(args.kl_controller, kl_coef=args.kl_coef, kl_target=args.kl_target,
-                                         kl_coef_min=args.kl_coef_min, kl_coef_max=args.kl_coef_max)  # fmt: skip
     # the mini-batch step: eager, or with --compile the same step as one compiled function (chosen here, once)
     update = UpdateStep(agent, optimizer, lambda agent, *batch: minibatch_loss(agent, *batch, gate=gate, args=args),
                         agent.parameters(), args.max_grad_norm, agent.policy_parameters(), fast=args.compile)  # fmt: skip
@@ -325,7 +334,4 @@ TB_KEYS = {
 
 
 if __name__ == "__main__":
-    try:
-        main(tyro.cli(Args))
-    except (NonFiniteLossError, CheckpointError) as e:
-        raise SystemExit(f"ERROR: {e}") from e
+    cli(main, Args, DESCRIPTION)

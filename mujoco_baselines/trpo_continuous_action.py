@@ -16,18 +16,24 @@ import tyro
 import rgpo_trl
 from mujoco_baselines.common import (
     Agent,
-    CheckpointError,
     MujocoEnv,
     NonFiniteLossError,
     Rollout,
     Run,
     UpdateStep,
     check_finite,
+    cli,
     gradient_variance,
     iteration_metrics,
+    resolve_args,
     seed_everything,
 )
 from mujoco_baselines.compiled_update import gauss_newton_fvp
+
+DESCRIPTION = (
+    "TRPO (natural gradient with a KL line search) on a MuJoCo task, "
+    "CleanRL-style single file (rgpo-trl's MuJoCo baselines)."
+)
 
 
 @dataclass
@@ -134,9 +140,9 @@ class Args:
     backtrack_coef: float = 0.5
     """line-search shrink factor"""
 
-    # filled at runtime
-    batch_size: int = 0
-    num_iterations: int = 0
+    # derived from the above at start (not command-line options)
+    batch_size: tyro.conf.Suppress[int] = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -253,10 +259,7 @@ STAT_NAMES = ["kl", "ess", "trpo_kl", "step_frac", "linesearch_evals"]
 
 
 def main(args: Args) -> dict:
-    args.batch_size = args.num_steps
-    args.num_iterations = args.total_timesteps // args.batch_size
-    assert args.num_iterations >= 1, "total_timesteps must be >= num_steps"
-    assert args.batch_size % args.minibatch_size == 0, "num_steps must be a multiple of minibatch_size"
+    resolve_args(args)  # derived fields and input checks, before anything is created
     run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
@@ -375,7 +378,4 @@ TB_KEYS = {
 
 
 if __name__ == "__main__":
-    try:
-        main(tyro.cli(Args))
-    except (NonFiniteLossError, CheckpointError) as e:
-        raise SystemExit(f"ERROR: {e}") from e
+    cli(main, Args, DESCRIPTION)

@@ -137,6 +137,13 @@ class HHScriptArguments(ScriptArguments):
             "sample each, written to heldout.json); 0 disables. Single-process runs only."
         },
     )
+    heldout_compare_initial: bool = field(
+        default=False,
+        metadata={
+            "help": "Also evaluate the initial (SFT) policy on the held-out prompts and end with a table of both "
+            "(proxy reward, gold, KL_ref) and a sentence on what training did (the demo). Online methods."
+        },
+    )
     heldout_samples: int = field(
         default=1,
         metadata={
@@ -423,6 +430,33 @@ def write_heldout(model, ref_model, tokenizer, script_args, output_dir, reward_m
     return result
 
 
+def print_comparison(
+    trained, model_args, tokenizer, script_args, training_args, reward_model, sampling
+) -> None:
+    """The demo's ending: the initial policy through the same held-out evaluation (its own reference: KL_ref 0),
+    the table of both, what happened, and where the results are (heldout_initial.json next to heldout.json)."""
+    from transformers import AutoModelForCausalLM
+
+    from rgpo_trl.rlhf.evaluation import comparison_table
+
+    device = next(reward_model.model.parameters()).device
+    initial_model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(device).eval()
+    name = script_args.heldout_dataset_name or script_args.dataset_name
+    initial = evaluate_on(initial_model, initial_model, tokenizer, script_args, reward_model, name,
+                          script_args.dataset_test_split, sampling, script_args.heldout_prompts,
+                          script_args.heldout_samples)  # fmt: skip
+    out = training_args.output_dir
+    with open(os.path.join(out, "heldout_initial.json"), "w") as f:
+        json.dump(initial, f, indent=2)
+    where = [
+        f"metrics: {os.path.join(out, 'metrics.jsonl')}",
+        f"held-out: {os.path.join(out, 'heldout.json')}",
+    ]
+    if script_args.save_final_model:
+        where = [f"model: {out}", f"model card: {os.path.join(out, 'README.md')}", *where]
+    print("\n" + comparison_table(initial, trained, script_args.method) + "\n" + "\n".join(where), flush=True)
+
+
 def run_offline(script_args, training_args, model_args, tokenizer, state) -> dict:
     """An offline method: DPO (TRL's DPOTrainer on the dataset's chosen/rejected pairs from the same initial policy
     and reference, for as many optimizer steps as the online methods take) or ``sft`` (no training: the initial
@@ -565,9 +599,17 @@ def finish(trainer, script_args, training_args) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from rgpo_trl.cli import UsageError, plain_output_when_piped, quiet_cpu_libraries
+
+    quiet_cpu_libraries()
     init_distributed_for_cpu_deepspeed()
-    script_args, training_args, model_args = parse_args(argv)
+    try:  # a bad preset, field or value: one line from the command line (__main__)
+        script_args, training_args, model_args = parse_args(argv)
+    except (ValueError, FileNotFoundError) as err:
+        raise UsageError(str(err)) from err
     setup_logging(training_args)
+    if plain_output_when_piped():  # a log file gets plain lines, no progress-bar frames
+        training_args.disable_tqdm = True
 
     from accelerate import PartialState
     from transformers import AutoTokenizer
@@ -660,7 +702,7 @@ def main(argv: list[str] | None = None) -> dict:
     if script_args.heldout_prompts > 0 and state.num_processes > 1:
         logger.warning("held-out evaluation runs in single-process runs only; skipped")
     elif script_args.heldout_prompts > 0:
-        write_heldout(
+        trained = write_heldout(
             trainer.accelerator.unwrap_model(trainer.model),
             trainer.ref_model,
             tokenizer,
@@ -669,6 +711,10 @@ def main(argv: list[str] | None = None) -> dict:
             reward_model,
             sampling,
         )
+        if script_args.heldout_compare_initial:
+            print_comparison(
+                trained, model_args, tokenizer, script_args, training_args, reward_model, sampling
+            )
     summary = {}
     summary_path = os.path.join(training_args.output_dir, "summary.json")
     if state.is_main_process and os.path.exists(summary_path):
@@ -679,4 +725,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from rgpo_trl.cli import UsageError, run_main
+    from rgpo_trl.rlhf.hub_access import HubUnavailableError
+
+    sys.exit(run_main(main, errors=(UsageError, HubUnavailableError)))

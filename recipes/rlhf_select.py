@@ -16,18 +16,32 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rlhf_suite import TUNE_RATES, TUNE_SEED, RLHFRun  # noqa: E402
+from rlhf_suite import DEMO_RATES, DEMO_SEED, TUNE_RATES, TUNE_SEED, RLHFRun  # noqa: E402
 
 CRITERION = "gold"  # validation.json's mean gold over the window evaluations
 
 
+def protocol(tune_dir: str) -> dict:
+    """The tuning suite a folder holds: its rates, seed and rule (the v2 and v3 `tune` suites, the demo's rate)."""
+    path = os.path.normpath(tune_dir)
+    if os.path.basename(path) == "demo-lr":
+        return {"rates": {"rgpo": DEMO_RATES}, "seed": DEMO_SEED,
+                "criterion": f"mean validation {CRITERION} at iteration 60 (64 prompts of tiny-hh/validation, world "
+                "v3, 2 samples each), highest wins"}  # fmt: skip
+    validation = ("256 prompts of tiny-hh/validation, world v3: questions no training prompt contains"
+                  if os.path.basename(os.path.dirname(path)) == "v3" else "256 training-split prompts held out")  # fmt: skip
+    return {"rates": TUNE_RATES, "seed": TUNE_SEED,
+            "criterion": f"mean validation {CRITERION} at iterations 325-400 ({validation}, 2 samples each), "
+            "highest wins"}  # fmt: skip
+
+
 def select(tune_dir: str) -> dict:
     """Every method x rate with the criterion (None if not finished) and, when all rates finished, the choice."""
-    methods = {}
-    for method, rates in TUNE_RATES.items():
+    methods, proto = {}, protocol(tune_dir)
+    for method, rates in proto["rates"].items():
         rows = []
         for lr in rates:
-            run = RLHFRun("tune", method, TUNE_SEED, "", tag=f"lr{lr}")
+            run = RLHFRun("tune", method, proto["seed"], "", tag=f"lr{lr}")
             path = os.path.join(tune_dir, run.name, "validation.json")
             value = None
             if os.path.exists(path):
@@ -43,20 +57,16 @@ def select(tune_dir: str) -> dict:
             max(done, key=lambda r: r["validation"][CRITERION])["lr"] if len(done) == len(rows) else None
         )
         methods[method] = {"rates": rows, "selected_lr": selected}
-    return {
-        "criterion": f"mean validation {CRITERION} at iterations 325-400 (256 training-split prompts held out, "
-        "2 samples each), highest wins",
-        "seed": TUNE_SEED,
-        "methods": methods,
-    }
+    return {"criterion": proto["criterion"], "seed": proto["seed"], "methods": methods}
 
 
-def to_markdown(selection: dict) -> str:
+def to_markdown(selection: dict, folder: str = "results/rlhf/tune") -> str:
     lines = [
         "# Learning-rate selection (tuning suite)",
         "",
         f"Rule, fixed before the runs: {selection['criterion']}; one run per method x rate (seed "
-        f"{selection['seed']}, used by no other suite). Regenerate: `python recipes/rlhf_select.py results/rlhf/tune`.",
+        f"{selection['seed']}, used by no other suite). Regenerate: `python recipes/rlhf_select.py "
+        f"{folder}`.",
         "",
         "| method | lr | validation gold | validation proxy reward | validation KL_ref | selected |",
         "|---|---|---|---|---|---|",
@@ -86,7 +96,7 @@ def main(argv=None) -> int:
     selection = select(a.tune_dir)
     with open(os.path.join(a.tune_dir, "selection.json"), "w") as f:
         json.dump(selection, f, indent=2)
-    text = to_markdown(selection)
+    text = to_markdown(selection, a.tune_dir)
     with open(os.path.join(a.tune_dir, "selection.md"), "w") as f:
         f.write(text)
     print(text)

@@ -130,9 +130,17 @@ SUITE_BUILDERS = {
     "v3/final": lambda results: _final(results, "v3/", PAPER_V3),
 }
 
+DEMO_RATES, DEMO_SEED = ("1e-4", "3e-4", "1e-3"), 1
+
 SUITES: dict[str, list[RLHFRun]] = {
     "tiny-paper": [RLHFRun("tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml",
                            SFT_EXTRA if m == "sft" else ()) for s in (1, 2, 3) for m in METHODS],
+    # the demo preset's learning rate (recipes/configs/hh_rlhf_tiny.yaml): rgpo, seed 1, three rates, chosen by the
+    # mean gold on 64 validation prompts of world v3 (2 samples each) at the end of the 60 iterations
+    "demo-lr": [RLHFRun("demo-lr", "rgpo", DEMO_SEED, "recipes/configs/hh_rlhf_tiny.yaml",
+                        ("--learning_rate", lr, "--validation_dataset_name", "tiny-hh/validation",
+                         "--validation_prompts", "64", "--validation_samples", "2", "--validation_every", "15",
+                         "--heldout_compare_initial", "false"), tag=f"lr{lr}") for lr in DEMO_RATES],
     # a minute: to try the runner (and for its test)
     "smoke": [RLHFRun("smoke", m, 1, "recipes/configs/hh_rlhf_tiny.yaml",
                       ("--num_rl_iterations", "2", "--max_completion_length", "8", "--heldout_prompts", "4",

@@ -114,6 +114,45 @@ def _sample_std(values: Sequence[float]) -> float:
     return statistics.stdev(values) if len(values) >= 2 else float("nan")
 
 
+def comparison_table(initial: dict[str, Any], trained: dict[str, Any], method: str) -> str:
+    """The initial (SFT) policy against the trained one on the same held-out prompts: proxy reward, gold (where the
+    world has one) and KL_ref, then one sentence on what happened. A change counts when it exceeds twice its
+    standard error (the two evaluations' sample stds over the completions)."""
+
+    def se(key: str) -> float:
+        return sum(r.get(f"{key}_std", float("nan")) ** 2 / r["prompts"] / r.get("samples_per_prompt", 1)
+                   for r in (initial, trained)) ** 0.5  # fmt: skip
+
+    keys = [
+        ("reward", "proxy reward"),
+        *([("gold", "gold")] if "gold" in trained else []),
+        ("kl_ref", "KL_ref"),
+    ]
+    width = max(len(method) + 10, 18)
+    lines = [
+        f"{'held-out prompts: ' + str(trained['prompts']):{width}s}" + "".join(f"{n:>14s}" for _, n in keys)
+    ]
+    for label, r in (("SFT policy", initial), (f"trained ({method})", trained)):
+        lines.append(f"{label:{width}s}" + "".join(f"{r[k]:14.3f}" for k, _ in keys))
+    d_reward = trained["reward"] - initial["reward"]
+    up = d_reward > 2 * se("reward")
+    if "gold" not in trained:
+        verdict = f"The proxy reward {'rose' if up else 'did not rise beyond noise'} ({d_reward:+.3f})."
+    else:
+        d_gold, gold_se = trained["gold"] - initial["gold"], se("gold")
+        if d_gold > 2 * gold_se:
+            verdict = (f"Training improved the policy: gold {d_gold:+.3f} (s.e. {gold_se:.3f}) with the proxy reward "
+                       f"{d_reward:+.3f}, at KL_ref {trained['kl_ref']:.3f} from the SFT policy.")  # fmt: skip
+        elif up and d_gold < -2 * gold_se:
+            verdict = (f"Over-optimised: the proxy reward rose ({d_reward:+.3f}) while gold fell ({d_gold:+.3f}, "
+                       f"s.e. {gold_se:.3f}): the policy exploits the imperfect reward model; a lower learning rate "
+                       "or a larger beta keeps it closer to the SFT policy.")  # fmt: skip
+        else:
+            verdict = (f"No clear change: gold {d_gold:+.3f} (s.e. {gold_se:.3f}), proxy reward {d_reward:+.3f}; "
+                       "train longer or with a larger learning rate.")  # fmt: skip
+    return "\n".join([*lines, verdict])
+
+
 def repeat_prompts(prompts: Sequence[Any], samples_per_prompt: int) -> list[Any]:
     """Each prompt ``samples_per_prompt`` times in a row, so `evaluate_policy` averages that many independent
     samples per prompt (a held-out estimate that is not one noisy sample per prompt)."""

@@ -6,12 +6,22 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from .build import BUILDER_VERSION, CACHE_ENV, DEFAULT_SEED, VERSIONS, build_tiny_assets
+from rgpo_trl.cli import quiet_cpu_libraries
+
+from .build import (
+    BUILDER_VERSION,
+    CACHE_ENV,
+    DEFAULT_SEED,
+    VERSIONS,
+    TinyAssets,
+    assets_dir,
+    build_tiny_assets,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        description="Build (if missing) the offline tiny-HH assets and print their paths."
+        description="Build (if missing) the offline tiny-HH assets; print their manifest when built."
     )
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
     p.add_argument("--quick", action="store_true", help="the small variant used by the tests")
@@ -21,10 +31,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--threads", type=int, default=1, help="torch threads during the build")
     p.add_argument("--version", type=int, choices=VERSIONS, default=BUILDER_VERSION, help="world version")
+    p.add_argument(
+        "--manifest", action="store_true", help="print the manifest (paths, build info) when cached too"
+    )
     a = p.parse_args(argv)
+    cached = (
+        not a.force
+        and TinyAssets.at(assets_dir(a.cache_dir, quick=a.quick, seed=a.seed, version=a.version)).exists()
+    )
+    quiet_cpu_libraries()
     assets = build_tiny_assets(
         a.cache_dir, force=a.force, quick=a.quick, seed=a.seed, num_threads=a.threads, version=a.version
     )
+    if cached and not a.manifest:  # the manifest once, when the assets are built (or with --manifest)
+        print(f"tiny-HH assets v{a.version} ready (cached): {assets.root}")
+        return 0
     print(
         json.dumps(
             {

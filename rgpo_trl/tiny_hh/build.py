@@ -308,6 +308,10 @@ def _train_reward_model(rm_tok, train_rows, s: BuildSettings, seed: int, workdir
         weight_decay=0.0,
     )
     trainer = RewardTrainer(model=model, args=args, train_dataset=ds, processing_class=rm_tok)
+    # no per-50-step metric dicts on stdout (the builder logs its own lines to stderr; stdout is the manifest)
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
     t0 = time.time()
     out = trainer.train()
     log(f"reward model trained in {time.time() - t0:.1f}s, final train loss {out.training_loss:.3f}")

@@ -205,7 +205,9 @@ class RGPOConfig(GRPOConfig):
         try:
             self.make_gate()  # validates the name and the parameters against the gate's declaration
         except ValueError as err:
-            raise ValueError(f"gate_params: {err}" if self.gate in GATES else str(err)) from err
+            if self.gate not in GATES:  # the unknown name is the whole message: no second copy of it
+                raise ValueError(str(err)) from None
+            raise ValueError(f"gate_params: {err}") from err
         if self.ratio_mode not in RATIO_MODES:
             raise ValueError(f"ratio_mode must be one of {list(RATIO_MODES)}, got {self.ratio_mode!r}")
         if self.kl_controller not in KL_CONTROLLERS:

@@ -1,0 +1,97 @@
+"""What a person sees at the command line: one-line errors for bad inputs (no traceback, no run folder left),
+the MuJoCo scripts' description, rounding notice and closing line, and the demo's closing comparison."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def _run(args, cwd):
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, env=ENV, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--env-id", "CartPole-v1"], "env_id 'CartPole-v1' has a Discrete action space"),
+        (["--env-id", "Hoper-v4"], "Did you mean: `Hopper`?"),
+        (["--gate", "nope"], "gate must be one of the registered gates"),
+        (["--policy-lag", "-1"], "policy_lag must be an integer >= 0"),
+        (["--total-timesteps", "100"], "total_timesteps must be >= num_steps (2048), got 100"),
+    ],
+)
+def test_mujoco_script_bad_input_is_one_line_and_leaves_no_run_folder(flags, needle, tmp_path):
+    pytest.importorskip("mujoco")
+    script = str(ROOT / "mujoco_baselines" / "rgpo_continuous_action.py")
+    out = tmp_path / "runs"
+    r = _run([script, *flags, "--output-dir", str(out)], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and not out.exists()
+    debug = _run([script, *flags, "--output-dir", str(out), "--debug"], tmp_path)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr  # --debug: the traceback
+
+
+def test_mujoco_script_help_rounding_notice_and_closing_line(tmp_path):
+    pytest.importorskip("mujoco")
+    script = str(ROOT / "mujoco_baselines" / "ppo_continuous_action.py")
+    help_text = _run([script, "--help"], tmp_path).stdout
+    assert "PPO (clipped surrogate) on a MuJoCo task" in help_text.split("options")[0]
+    assert "--batch-size" not in help_text and "--num-iterations" not in help_text  # derived, not options
+    out = tmp_path / "runs"
+    r = _run([script, "--env-id", "Hopper-v4", "--total-timesteps", "600", "--num-steps", "256",
+              "--output-dir", str(out), "--run-name", "r", "--no-tensorboard", "--no-verbose",
+              "--eval-episodes", "1"], tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert (
+        lines[0] == "total_timesteps 600 is not a multiple of num_steps 256: running 2 iterations = 512 steps"
+    )
+    assert lines[-1].startswith("done: 512 steps; training return (last ")
+    assert "evaluation return (1 mean-action episodes)" in lines[-1]
+    assert lines[-1].endswith(f"results in {out / 'r'}")
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--config", "nope.yaml"], "config file 'nope.yaml' not found"),
+        (["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--method", "foo"], "method must be one of"),
+        (["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--gate", "nope"], "gate must be one of"),
+    ],
+)
+def test_recipe_bad_input_is_one_line(flags, needle, tmp_path):
+    out = tmp_path / "out"
+    r = _run([str(ROOT / "recipes" / "hh_rlhf_qwen.py"), *flags, "--output_dir", str(out)], ROOT)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and not out.exists()
+
+
+def test_comparison_table_says_what_happened():
+    from rgpo_trl.rlhf.evaluation import comparison_table
+
+    base = {"prompts": 64, "samples_per_prompt": 1, "reward_std": 1.0, "gold_std": 1.0}
+    initial = {**base, "reward": 0.0, "gold": 1.0, "kl_ref": 0.0}
+    improved = comparison_table(initial, {**base, "reward": 1.0, "gold": 2.0, "kl_ref": 0.05}, "rgpo")
+    assert "Training improved the policy: gold +1.000" in improved and "SFT policy" in improved
+    assert improved.splitlines()[2].split()[-3:] == ["1.000", "2.000", "0.050"]  # the trained row
+    hacked = comparison_table(initial, {**base, "reward": 2.0, "gold": 0.2, "kl_ref": 0.4}, "rgpo")
+    assert hacked.splitlines()[-1].startswith(
+        "Over-optimised: the proxy reward rose (+2.000) while gold fell"
+    )
+    # differences within two standard errors (sqrt(2 / 64) = 0.177) are no change
+    same = comparison_table(initial, {**base, "reward": 0.1, "gold": 1.2, "kl_ref": 0.01}, "rgpo")
+    assert same.splitlines()[-1].startswith("No clear change: gold +0.200 (s.e. 0.177)")

@@ -1,0 +1,62 @@
+"""The trainers on a CUDA GPU in bf16 (marker ``gpu``; skipped without one, excluded from the default run).
+
+    python -m pytest -m gpu tests/test_gpu.py        # or: bash benchmarks/run_gpu_tests.sh
+
+A few optimizer steps of RGPOTrainer (dual ratio, adaptive KL) and of PPORLHFTrainer on the tiny policy, on the
+GPU, in bf16: the parameters move, the loss and every logged metric are finite, and the model sits on the GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _trainer_utils import base_args, save_tiny_model, tiny_dataset, tiny_tokenizer, vowel_reward
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+def _gpu_args(tmp_path, **overrides):
+    return base_args(tmp_path, use_cpu=False, bf16=True, **overrides)
+
+
+def _check(trainer, before):
+    assert next(trainer.model.parameters()).device.type == "cuda"
+    after = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
+    assert any(not torch.equal(before[n], after[n]) for n in before), "no parameter moved"
+    for entry in trainer.state.log_history:
+        for key, value in entry.items():
+            if isinstance(value, float):
+                assert math.isfinite(value), (key, value)
+
+
+def test_rgpo_trainer_trains_in_bf16_on_cuda(model_path, tmp_path):
+    from rgpo_trl import RGPOConfig, RGPOTrainer
+
+    args = RGPOConfig(**_gpu_args(tmp_path, max_steps=4, ratio_mode="dual"))
+    trainer = RGPOTrainer(model_path, vowel_reward, args=args, train_dataset=tiny_dataset(),
+                          processing_class=tiny_tokenizer())  # fmt: skip
+    before = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    _check(trainer, before)
+    logged = set().union(*(e.keys() for e in trainer.state.log_history))
+    assert {"rgpo/gate_mean", "rgpo/kl_coef", "rgpo/ratio_ref_max"} <= logged
+
+
+def test_ppo_rlhf_trainer_trains_in_bf16_on_cuda(model_path, tmp_path):
+    from rgpo_trl import PPORLHFConfig, PPORLHFTrainer
+
+    args = PPORLHFConfig(**_gpu_args(tmp_path, max_steps=4))
+    trainer = PPORLHFTrainer(model_path, vowel_reward, args=args, train_dataset=tiny_dataset(),
+                             processing_class=tiny_tokenizer())  # fmt: skip
+    before = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    _check(trainer, before)
