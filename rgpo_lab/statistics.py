@@ -118,7 +118,9 @@ def performance_profile(
     rng = np.random.default_rng(seed)
     boots = np.empty((n_boot, len(taus)))
     for b in range(n_boot):
-        resampled = np.concatenate([s[rng.integers(0, len(s), len(s))] for s in map(np.asarray, scores_per_env)])
+        resampled = np.concatenate(
+            [s[rng.integers(0, len(s), len(s))] for s in map(np.asarray, scores_per_env)]
+        )
         boots[b] = (resampled[:, None] > taus[None, :]).mean(0)
     low, high = np.percentile(boots, [2.5, 97.5], axis=0)
     return Profile(taus, fraction, low, high)
