@@ -31,6 +31,9 @@ import sys
 import numpy as np
 from scipy import stats
 
+from rgpo_lab.statistics import holm, mean_std
+from rgpo_lab.statistics import welch as welch_test
+
 METHODS = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo", "dpo", "sft"]
 ONLINE = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"]
 BIN = 25  # iterations per bin of the per-iteration curves (25 x 16 samples per bin and seed)
@@ -67,13 +70,6 @@ def read_rows(run_dir: str) -> list[dict]:
                     for row in csv.DictReader(f)]  # fmt: skip
     path = os.path.join(run_dir, "metrics.jsonl")
     return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-
-
-def mean_std(values) -> tuple[float, float, int]:
-    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], float)
-    if len(x) == 0:
-        return float("nan"), float("nan"), 0
-    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else float("nan"), len(x)
 
 
 def table(runs: dict[str, list[dict]]) -> list[dict]:
@@ -128,27 +124,8 @@ def common_bins(curves: list[dict[int, float]]) -> list[int]:
 
 def welch(a, b) -> tuple[float, float, float]:
     """mean(a) - mean(b) and its Welch 95% confidence interval."""
-    diff, low, high, _ = welch_test(a, b)
-    return diff, low, high
-
-
-def welch_test(a, b) -> tuple[float, float, float, float]:
-    """mean(a) - mean(b), its Welch 95% confidence interval and the two-sided p-value."""
-    res = stats.ttest_ind(a, b, equal_var=False)
-    ci = res.confidence_interval(0.95)
-    return float(np.mean(a) - np.mean(b)), float(ci.low), float(ci.high), float(res.pvalue)
-
-
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1), in the input order: a family of m
-    comparisons is significant at level a where the adjusted p < a."""
-    m = len(pvalues)
-    order = np.argsort(pvalues)
-    adjusted, running = np.empty(m), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
-        adjusted[i] = running
-    return adjusted.tolist()
+    w = welch_test(a, b)
+    return w.diff, w.low, w.high
 
 
 def pairwise(
@@ -172,9 +149,9 @@ def welch_family(pairs: list[tuple[str, str]], values: dict[str, list[float]]) -
     pairs (one family)."""
     rows = []
     for a, b in pairs:
-        diff, low, high, p = welch_test(values[a], values[b])
-        rows.append({"a": a, "b": b, "n_a": len(values[a]), "n_b": len(values[b]), "diff": diff, "low": low,
-                     "high": high, "p": p})  # fmt: skip
+        w = welch_test(values[a], values[b])
+        rows.append({"a": a, "b": b, "n_a": len(values[a]), "n_b": len(values[b]), "diff": w.diff, "low": w.low,
+                     "high": w.high, "p": w.p})  # fmt: skip
     for row, adjusted in zip(rows, holm([r["p"] for r in rows]), strict=True):
         row["p_holm"] = adjusted
     return rows
@@ -519,7 +496,8 @@ def reuse_tests(
         first, last = values[0], values[-1]
         for m in dict.fromkeys(m for m, _ in by):
             if (m, first) in by and (m, last) in by:
-                diff, low, high, p = welch_test(by[(m, last)], by[(m, first)])
+                w = welch_test(by[(m, last)], by[(m, first)])
+                diff, low, high, p = w.diff, w.low, w.high, w.p
                 rows.append({"kind": "change", "value": f"{first}->{last}", "a": m, "b": m, "n_a": len(by[(m, last)]),
                              "n_b": len(by[(m, first)]), "diff": diff, "low": low, "high": high, "p": p,
                              "p_holm": None})  # fmt: skip

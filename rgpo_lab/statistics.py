@@ -22,8 +22,8 @@ class MeanStd(NamedTuple):
 
 
 def mean_std(values) -> MeanStd:
-    """Mean, sample standard deviation and n of the finite values."""
-    x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    """Mean, sample standard deviation and n of the finite values (None skipped)."""
+    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     if len(x) == 0:
         return MeanStd(float("nan"), float("nan"), 0)
     return MeanStd(float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else float("nan"), len(x))
@@ -34,10 +34,13 @@ class Welch(NamedTuple):
     df: float  # Welch-Satterthwaite degrees of freedom
     p: float
     diff: float  # mean(a) - mean(b)
+    low: float = float("nan")  # the 95% confidence interval of diff (for the test's ``alternative``)
+    high: float = float("nan")
 
 
 def welch(a, b, alternative: str = "two-sided") -> Welch:
-    """Welch's t-test of mean(a) against mean(b) (scipy's ``alternative``); nan below 2 values a side."""
+    """Welch's t-test of mean(a) against mean(b) (scipy's ``alternative``) with the 95% confidence interval of the
+    difference; nan below 2 values a side."""
     a, b = np.asarray(a, float), np.asarray(b, float)
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     diff = float(a.mean() - b.mean()) if len(a) and len(b) else float("nan")
@@ -46,7 +49,8 @@ def welch(a, b, alternative: str = "two-sided") -> Welch:
     res = stats.ttest_ind(a, b, equal_var=False, alternative=alternative)
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return Welch(float(res.statistic), float(df), float(res.pvalue), diff)
+    ci = res.confidence_interval(0.95)
+    return Welch(float(res.statistic), float(df), float(res.pvalue), diff, float(ci.low), float(ci.high))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
