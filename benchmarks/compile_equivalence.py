@@ -58,13 +58,12 @@ def load_run(run_dir: str) -> dict | None:
 
 
 def welch_p(a: list[float], b: list[float]) -> float:
-    from scipy import stats
+    """Two-sided Welch p (rgpo_lab.statistics); two constant samples: 1 if equal, else 0."""
+    from rgpo_lab.statistics import welch
 
-    if len(a) < 2 or len(b) < 2:
-        return math.nan
-    if statistics.stdev(a) == 0 and statistics.stdev(b) == 0:
+    if len(a) >= 2 and len(b) >= 2 and statistics.stdev(a) == 0 and statistics.stdev(b) == 0:
         return 1.0 if statistics.fmean(a) == statistics.fmean(b) else 0.0
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    return welch(a, b).p
 
 
 def analyse(results: str) -> dict:
