@@ -434,7 +434,7 @@ def main():
         lines.append(f"- A/A control, PPO run twice, width 64: {ratios['ppo_control_over_ppo_update_time_64']:.3f} "
                      f"(per round: {pr})")  # fmt: skip
         lines.append("")
-        lines += ["CleanRL fixes applied (gymnasium 1.x):", *[f"- {d}" for d in patches], ""]
+        lines += ["CleanRL fixes applied (gymnasium 1.x):", "", *[f"- {d}" for d in patches], ""]
     lines += [
         "RGPO/PPO update time, in-process microbenchmark: full mini-batch steps of PPO, RGPO and a second PPO "
         "(A/A control) interleaved step by step, one block = one epoch of 32 steps per variant plus its stats "
