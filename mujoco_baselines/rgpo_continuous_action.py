@@ -133,7 +133,8 @@ class Args:
     decoupled: bool = False
     """the decoupled objective for stale samples (Hilton et al., 2021): gate on the ratio to the proximal policy
     pi_prox (the learner as the update starts), KL penalty to pi_prox, each sample weighted by
-    min(pi_prox / pi_behaviour, max_is_weight); the same as RGPO without it at --policy-lag 0"""
+    min(pi_prox / pi_behaviour, max_is_weight); the same as RGPO without it at --policy-lag 0
+    (with max_is_weight >= 1)"""
     max_is_weight: float = 1.0
     """truncation of the decoupled objective's importance weight (V-trace's rho-bar); > 0"""
 

@@ -211,6 +211,23 @@ def check_hub_ids(script_args, model_args) -> None:
             ensure_loadable(value, kind)
 
 
+TINY_ASSETS = ("policy", "reward_model", "train", "test", "validation")
+
+
+def unknown_tiny_asset(script_args, model_args) -> None:
+    """Refuse a ``tiny-hh/<asset>`` path naming no asset (before anything is built)."""
+    for name, obj in (("heldout_dataset_name", script_args), ("validation_dataset_name", script_args),
+                      ("model_name_or_path", model_args), ("reward_model_name_or_path", script_args),
+                      ("dataset_name", script_args)):  # fmt: skip
+        value = str(getattr(obj, name) or "")
+        if value.startswith(TINY_PREFIX) and value.removeprefix(TINY_PREFIX) not in TINY_ASSETS:
+            raise ValueError(f"{name}={value!r}: tiny-hh assets are {list(TINY_ASSETS)}")
+    if script_args.tiny_version == 2 and str(script_args.validation_dataset_name).endswith("/validation"):
+        raise ValueError(
+            "validation_dataset_name: tiny-hh/validation exists in world v3 only (tiny_version 3)"
+        )
+
+
 def resolve_tiny_assets(script_args, model_args) -> None:
     """Replace ``tiny-hh/<asset>`` paths by the cached tiny-HH assets, building them once (rank 0 first)."""
     paths = {
@@ -245,7 +262,7 @@ def resolve_tiny_assets(script_args, model_args) -> None:
             setattr(obj, name, str(known[asset]))
 
 
-def parse_args(argv: list[str] | None = None, check_hub: bool = True):
+def parse_args(argv: list[str] | None = None, check_hub: bool = True, resolve_assets: bool = True):
     """(script_args, training_args, model_args) from TrlParser's ``parse_args_and_config`` (YAML via ``--config``).
     The method decides the config class, so a first pass reads the script's own fields (and the model's, to check
     hub ids before anything is built); the second parses everything with the method's loss settings as defaults,
@@ -291,7 +308,8 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True):
         raise ValueError(f"tiny_version must be 2 or 3, got {script_args.tiny_version!r}")
     if training_args.push_to_hub:
         refuse_offline_push(training_args)
-    resolve_tiny_assets(script_args, model_args)
+    if resolve_assets:  # builds the tiny-HH assets if missing (minutes)
+        resolve_tiny_assets(script_args, model_args)
     return script_args, training_args, model_args
 
 
@@ -328,7 +346,15 @@ def refuse_offline_push(training_args) -> None:
 
 
 def evaluate_prompts(
-    model, ref_model, tokenizer, script_args, reward_model, prompts, sampling, samples: int = 1
+    model,
+    ref_model,
+    tokenizer,
+    script_args,
+    reward_model,
+    prompts,
+    sampling,
+    samples: int = 1,
+    per_completion: bool = False,
 ):
     """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on ``prompts``, ``samples`` completions
     each; gold where the world has one."""
@@ -340,13 +366,23 @@ def evaluate_prompts(
 
         _, gold_fn = gold_for(script_args.tiny_version)
     result = evaluate_policy(model, tokenizer, repeat_prompts(prompts, samples), reward_model, ref_model=ref_model,
-                             gold_fn=gold_fn, **sampling)  # fmt: skip
+                             gold_fn=gold_fn, per_completion=per_completion, **sampling)  # fmt: skip
     result.update(prompts=len(prompts), samples_per_prompt=samples)
     return result
 
 
 def evaluate_on(
-    model, ref_model, tokenizer, script_args, reward_model, name, split, sampling, n: int, samples: int = 1
+    model,
+    ref_model,
+    tokenizer,
+    script_args,
+    reward_model,
+    name,
+    split,
+    sampling,
+    n: int,
+    samples: int = 1,
+    per_completion: bool = False,
 ) -> dict:
     """`evaluate_prompts` on the first ``n`` prompts of (name, split)."""
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
@@ -356,7 +392,7 @@ def evaluate_on(
                                          data_dir=script_args.dataset_data_dir, max_rows=4 * n)  # fmt: skip
     prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
     result = evaluate_prompts(
-        model, ref_model, tokenizer, script_args, reward_model, prompts, sampling, samples
+        model, ref_model, tokenizer, script_args, reward_model, prompts, sampling, samples, per_completion
     )
     result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=sampling["seed"])
     return result
@@ -409,24 +445,28 @@ def split_validation(dataset, script_args, tokenizer):
     return dataset.select(keep), validation
 
 
-def write_heldout(model, ref_model, tokenizer, script_args, output_dir, reward_model, sampling) -> dict:
-    """The same held-out evaluation for every method, written to heldout.json."""
-    name = script_args.heldout_dataset_name or script_args.dataset_name
+def write_heldout(
+    model, ref_model, tokenizer, script_args, output_dir, reward_model, sampling, name: str = "heldout.json"
+) -> dict:
+    """The same held-out evaluation for every method, written to ``name`` (heldout.json); the returned result
+    also has every completion's scores (``per_completion``, not written), for the demo's paired comparison."""
     result = evaluate_on(
         model,
         ref_model,
         tokenizer,
         script_args,
         reward_model,
-        name,
+        script_args.heldout_dataset_name or script_args.dataset_name,
         script_args.dataset_test_split,
         sampling,
         script_args.heldout_prompts,
         script_args.heldout_samples,
+        per_completion=True,
     )
-    with open(os.path.join(output_dir, "heldout.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    logger.info("held-out: %s", json.dumps(result))
+    written = {k: v for k, v in result.items() if k != "per_completion"}
+    with open(os.path.join(output_dir, name), "w") as f:
+        json.dump(written, f, indent=2)
+    logger.info("held-out: %s", json.dumps(written))
     return result
 
 
@@ -441,13 +481,17 @@ def print_comparison(
 
     device = next(reward_model.model.parameters()).device
     initial_model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(device).eval()
-    name = script_args.heldout_dataset_name or script_args.dataset_name
-    initial = evaluate_on(initial_model, initial_model, tokenizer, script_args, reward_model, name,
-                          script_args.dataset_test_split, sampling, script_args.heldout_prompts,
-                          script_args.heldout_samples)  # fmt: skip
     out = training_args.output_dir
-    with open(os.path.join(out, "heldout_initial.json"), "w") as f:
-        json.dump(initial, f, indent=2)
+    initial = write_heldout(
+        initial_model,
+        initial_model,
+        tokenizer,
+        script_args,
+        out,
+        reward_model,
+        sampling,
+        name="heldout_initial.json",
+    )
     where = [
         f"metrics: {os.path.join(out, 'metrics.jsonl')}",
         f"held-out: {os.path.join(out, 'heldout.json')}",
@@ -603,10 +647,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     quiet_cpu_libraries()
     init_distributed_for_cpu_deepspeed()
-    try:  # a bad preset, field or value: one line from the command line (__main__)
-        script_args, training_args, model_args = parse_args(argv)
+    try:  # a bad preset, field or value: one line from the command line (__main__); nothing built yet
+        script_args, training_args, model_args = parse_args(argv, resolve_assets=False)
     except (ValueError, FileNotFoundError) as err:
         raise UsageError(str(err)) from err
+    try:  # an unknown tiny-hh/<asset> name is an input error; a failing asset build is not
+        unknown_tiny_asset(script_args, model_args)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    resolve_tiny_assets(script_args, model_args)
     setup_logging(training_args)
     if plain_output_when_piped():  # a log file gets plain lines, no progress-bar frames
         training_args.disable_tqdm = True

@@ -110,21 +110,55 @@ class Profile(NamedTuple):
 def performance_profile(
     scores_per_env: Sequence[np.ndarray], taus: np.ndarray | None = None, n_boot: int = 2000, seed: int = 0
 ) -> Profile:
-    """rliable's run-score performance profile: the fraction of all runs whose score exceeds tau, with a
+    """rliable's run-score performance profile: per environment the fraction of its runs whose score exceeds tau,
+    averaged over environments (so an environment with more finished runs does not weigh more), with a
     stratified-bootstrap 95% band (runs resampled within each environment). Default taus span every run (from
     below the lowest score to above the highest), so no run falls off the axis."""
-    pooled = np.concatenate([np.asarray(s, float) for s in scores_per_env])
+    groups = [np.asarray(s, float) for s in scores_per_env]
     if taus is None:
+        pooled = np.concatenate(groups)
         lo, hi = float(pooled.min()), float(pooled.max())
         pad = 0.05 * (hi - lo if hi > lo else 1.0)
         taus = np.linspace(lo - pad, hi + pad, 201)
-    fraction = (pooled[:, None] > taus[None, :]).mean(0)
+
+    def profile(gs):
+        return np.mean([(g[:, None] > taus[None, :]).mean(0) for g in gs], axis=0)
+
+    fraction = profile(groups)
     rng = np.random.default_rng(seed)
-    boots = np.empty((n_boot, len(taus)))
-    for b in range(n_boot):
-        resampled = np.concatenate(
-            [s[rng.integers(0, len(s), len(s))] for s in map(np.asarray, scores_per_env)]
-        )
-        boots[b] = (resampled[:, None] > taus[None, :]).mean(0)
+    boots = np.array([profile([g[rng.integers(0, len(g), len(g))] for g in groups]) for _ in range(n_boot)])
     low, high = np.percentile(boots, [2.5, 97.5], axis=0)
     return Profile(taus, fraction, low, high)
+
+
+class RatioTest(NamedTuple):
+    ratio_a: float  # mean(a_after) / mean(a_before)
+    ratio_b: float
+    diff: float  # ratio_a - ratio_b
+    low: float  # 95% percentile-bootstrap interval of diff
+    high: float
+    p: float  # two-sided bootstrap p: twice the smaller tail of the resampled differences at 0
+
+
+def ratio_difference_test(
+    a_before, a_after, b_before, b_after, n_boot: int = 10_000, seed: int = 0
+) -> RatioTest:
+    """Is arm a's retention mean(after) / mean(before) different from arm b's? Every one of the four samples is
+    resampled on its own (the denominators' sampling error counts, unlike dividing each run by a fixed mean);
+    nan (not tested) below 2 runs in any sample or where a 'before' mean is not positive."""
+    xs = [np.asarray(x, float) for x in (a_before, a_after, b_before, b_after)]
+    xs = [x[np.isfinite(x)] for x in xs]
+    nan = float("nan")
+    if any(len(x) < 2 for x in xs) or xs[0].mean() <= 0 or xs[2].mean() <= 0:
+        ra = xs[1].mean() / xs[0].mean() if len(xs[0]) and len(xs[1]) and xs[0].mean() > 0 else nan
+        rb = xs[3].mean() / xs[2].mean() if len(xs[2]) and len(xs[3]) and xs[2].mean() > 0 else nan
+        return RatioTest(float(ra), float(rb), float(ra - rb), nan, nan, nan)
+    ra, rb = xs[1].mean() / xs[0].mean(), xs[3].mean() / xs[2].mean()
+    rng = np.random.default_rng(seed)
+    means = [np.array([x[rng.integers(0, len(x), len(x))].mean() for _ in range(n_boot)]) for x in xs]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        diffs = means[1] / means[0] - means[3] / means[2]
+    diffs = diffs[np.isfinite(diffs)]
+    p = min(1.0, 2 * min(float((diffs <= 0).mean()), float((diffs >= 0).mean())))
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    return RatioTest(float(ra), float(rb), float(ra - rb), float(low), float(high), p)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,18 +81,30 @@ def test_recipe_bad_input_is_one_line(flags, needle, tmp_path):
     assert "Traceback" not in r.stdout + r.stderr and not out.exists()
 
 
-def test_comparison_table_says_what_happened():
-    from rgpo_trl.rlhf.evaluation import comparison_table
+def _evaluation(reward, gold, kl_ref=0.0, k=2):
+    """An evaluation result with per-completion scores (64 prompts, ``k`` samples each)."""
+    n = 64
+    return {"prompts": n, "samples_per_prompt": k, "reward": float(np.mean(reward)), "gold": float(np.mean(gold)),
+            "kl_ref": kl_ref, "per_completion": {"reward": list(reward), "gold": list(gold)}}  # fmt: skip
 
-    base = {"prompts": 64, "samples_per_prompt": 1, "reward_std": 1.0, "gold_std": 1.0}
-    initial = {**base, "reward": 0.0, "gold": 1.0, "kl_ref": 0.0}
-    improved = comparison_table(initial, {**base, "reward": 1.0, "gold": 2.0, "kl_ref": 0.05}, "rgpo")
-    assert "Training improved the policy: gold +1.000" in improved and "SFT policy" in improved
-    assert improved.splitlines()[2].split()[-3:] == ["1.000", "2.000", "0.050"]  # the trained row
-    hacked = comparison_table(initial, {**base, "reward": 2.0, "gold": 0.2, "kl_ref": 0.4}, "rgpo")
-    assert hacked.splitlines()[-1].startswith(
-        "Over-optimised: the proxy reward rose (+2.000) while gold fell"
-    )
-    # differences within two standard errors (sqrt(2 / 64) = 0.177) are no change
-    same = comparison_table(initial, {**base, "reward": 0.1, "gold": 1.2, "kl_ref": 0.01}, "rgpo")
-    assert same.splitlines()[-1].startswith("No clear change: gold +0.200 (s.e. 0.177)")
+
+def test_comparison_table_says_what_happened_with_a_paired_standard_error():
+    from rgpo_trl.rlhf.evaluation import comparison_table, paired_standard_error
+
+    rng = np.random.default_rng(0)
+    base_r, base_g = rng.normal(0, 1, 128), rng.normal(1, 1, 128)
+    initial = _evaluation(base_r, base_g)
+    shift = lambda x, d: x + d + rng.normal(0, 0.3, 128)  # noqa: E731
+    improved = _evaluation(shift(base_r, 1.0), shift(base_g, 0.5), kl_ref=0.05)
+    text = comparison_table(initial, improved, "rgpo")
+    assert text.splitlines()[-1].startswith("Training improved the policy: gold +0.")
+    assert text.splitlines()[2].split()[-1] == "0.050"  # the trained row ends with its KL_ref
+    # the paired s.e.: std over prompts of the per-prompt mean difference / sqrt(64)
+    d = (np.asarray(improved["per_completion"]["gold"]) - base_g).reshape(64, 2).mean(1)
+    assert paired_standard_error(initial, improved, "gold") == pytest.approx(d.std(ddof=1) / 8)
+    hacked = comparison_table(initial, _evaluation(shift(base_r, 2.0), shift(base_g, -0.8)), "rgpo")
+    assert hacked.splitlines()[-1].startswith("Over-optimised:")
+    worse = comparison_table(initial, _evaluation(shift(base_r, 0.0), shift(base_g, -0.8)), "rgpo")
+    assert worse.splitlines()[-1].startswith("Training made the policy worse:")
+    same = comparison_table(initial, _evaluation(shift(base_r, 0.0), shift(base_g, 0.0)), "rgpo")
+    assert same.splitlines()[-1].startswith("No clear change:")

@@ -242,7 +242,9 @@ def test_nan_loss_stops_with_iteration(method, tmp_path, monkeypatch):
         return loss * torch.nan if count[0] == 7 else loss
 
     monkeypatch.setattr(module, name, poisoned)
-    with pytest.raises(module.NonFiniteLossError, match="iteration 1 "):
+    from mujoco_baselines import common
+
+    with pytest.raises(common.NonFiniteLossError, match="iteration 1 "):
         module.main(small_args(module, tmp_path, "nan"))
 
 
@@ -487,16 +489,18 @@ def test_evaluation_is_the_mean_action_on_its_own_seeded_env():
 
 
 def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path):
+    from mujoco_baselines import common
+
     module = load("rgpo")
     module.main(
         small_args(module, tmp_path, "run", total_timesteps=256 * 3, checkpoint_every=1, keep_checkpoint=True)
     )
     ckpt = tmp_path / "run" / "checkpoint.pt"
     assert ckpt.exists()
-    with pytest.raises(module.CheckpointError, match=r"another configuration \(kl_target: 0.02 -> 0.05\)"):
+    with pytest.raises(common.CheckpointError, match=r"another configuration \(kl_target: 0.02 -> 0.05\)"):
         module.main(small_args(module, tmp_path, "run", total_timesteps=256 * 3, resume=True, kl_target=0.05))
     ckpt.write_bytes(ckpt.read_bytes()[:100])
-    with pytest.raises(module.CheckpointError, match="cannot be read"):
+    with pytest.raises(common.CheckpointError, match="cannot be read"):
         module.main(small_args(module, tmp_path, "run", total_timesteps=256 * 3, resume=True))
 
 
@@ -507,8 +511,8 @@ def test_scripts_share_the_common_module_and_their_defaults():
 
     from mujoco_baselines import common
 
-    shared = ["Agent", "MujocoEnv", "CheckpointError", "NonFiniteLossError", "Rollout", "Run", "UpdateStep",
-              "iteration_metrics", "seed_everything"]  # fmt: skip
+    shared = ["Agent", "MujocoEnv", "Rollout", "Run", "UpdateStep", "iteration_metrics", "resolve_args", "cli",
+              "seed_everything"]  # fmt: skip
     for method in METHODS:
         module = load(method)
         for name in shared:

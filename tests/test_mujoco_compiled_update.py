@@ -18,6 +18,9 @@ from test_mujoco_baselines import TIME_KEYS, load, needs_compiler, read_rows, sm
 
 from mujoco_baselines.compiled_update import CompiledAdamStep  # noqa: E402
 
+# PPO's and RGPO's mini-batch loss take the decoupled objective's weight last: None, the plain objective
+NO_WEIGHT = {"ppo": (None,), "rgpo": (None,)}
+
 
 def _setup(method="ppo", width=64, max_grad_norm=0.5, seed=0):
     """An agent of `method`'s script at Hopper-v4 shapes, a fixed rollout and its loss function."""
@@ -85,7 +88,7 @@ def _run_both(method, compile, steps, max_grad_norm=0.5, value_only=False, lr_sc
             batch = (d["obs"][idx], d["returns"][idx], d["values"][idx])
         else:
             batch = (d["obs"][idx], d["actions"][idx], d["adv"][idx], d["logprobs"][idx], d["returns"][idx],
-                     d["values"][idx])  # fmt: skip
+                     d["values"][idx], *NO_WEIGHT.get(method, ()))  # fmt: skip
         eager_extra, fast_extra = (
             ((0.5,), (torch.tensor(0.5),)) if method == "rgpo" and not value_only else ((), ())
         )
@@ -173,7 +176,10 @@ def _run_in_calls(method, compile, n_batches, steps_per_call):
     )
     gen = torch.Generator().manual_seed(1)
     keys = ("obs", "actions", "adv", "logprobs", "returns", "values")
-    batches = [tuple(d[k][torch.randperm(512, generator=gen)[:64]] for k in keys) for _ in range(n_batches)]
+    batches = [
+        (*(d[k][torch.randperm(512, generator=gen)[:64]] for k in keys), *NO_WEIGHT.get(method, ()))
+        for _ in range(n_batches)
+    ]
     g_sum, eager = torch.zeros_like(fast.g_sum), []
     beta = (
         (0.5,) if method == "rgpo" else ()
@@ -344,6 +350,7 @@ def test_step_reads_the_learning_rate_of_a_reloaded_optimiser():
         d["logprobs"][idx],
         d["returns"][idx],
         d["values"][idx],
+        None,  # no decoupled weight
     )
     step(*batch)
     opt.load_state_dict(copy.deepcopy(opt.state_dict()))

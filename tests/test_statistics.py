@@ -14,6 +14,7 @@ from rgpo_lab.statistics import (
     mean_std,
     performance_profile,
     probability_of_improvement,
+    ratio_difference_test,
     stratified_bootstrap_ci,
     verdict,
     welch,
@@ -76,7 +77,25 @@ def test_performance_profile_spans_every_run_and_its_band_contains_it():
     assert prof.taus[0] < 0.1 and prof.taus[-1] > 31.0  # no run off the axis
     assert prof.fraction[0] == 1.0 and prof.fraction[-1] == 0.0
     assert np.all(prof.low <= prof.fraction + 1e-12) and np.all(prof.fraction <= prof.high + 1e-12)
-    tau = 1.0
-    i = int(np.argmin(np.abs(prof.taus - tau)))
-    pooled = np.concatenate(scores)
-    assert prof.fraction[i] == pytest.approx((pooled > prof.taus[i]).mean())
+    i = int(np.argmin(np.abs(prof.taus - 1.0)))
+    # rliable: the mean over environments of each one's fraction (0 of 3 and 2 of 2 above tau = 1: 0.5, not 2/5)
+    assert prof.fraction[i] == pytest.approx(np.mean([(s > prof.taus[i]).mean() for s in scores])) == 0.5
+
+
+def test_ratio_difference_test_resamples_every_sample():
+    rng = np.random.default_rng(1)
+    a0, a8 = rng.normal(1000, 100, 5), rng.normal(900, 100, 5)  # keeps 90%
+    b0, b8 = rng.normal(1000, 100, 5), rng.normal(300, 100, 5)  # keeps 30%
+    t = ratio_difference_test(a0, a8, b0, b8, n_boot=4000)
+    assert t.ratio_a == pytest.approx(a8.mean() / a0.mean()) and t.ratio_b == pytest.approx(
+        b8.mean() / b0.mean()
+    )
+    assert t.diff == pytest.approx(t.ratio_a - t.ratio_b) and t.low <= t.diff <= t.high
+    assert t.p < 0.01 and t == ratio_difference_test(a0, a8, b0, b8, n_boot=4000)  # seeded
+    same = ratio_difference_test(a0, a8, a0, a8, n_boot=4000)  # one arm against itself: no difference
+    assert same.diff == 0 and same.p > 0.5
+    # the denominators' noise counts: a noisier L = 0 sample widens the interval
+    wide = ratio_difference_test(a0 + rng.normal(0, 400, 5), a8, b0, b8, n_boot=4000)
+    assert wide.high - wide.low > t.high - t.low
+    assert np.isnan(ratio_difference_test([1.0], a8, b0, b8).p)  # fewer than 2 runs: not tested
+    assert np.isnan(ratio_difference_test(-a0, a8, b0, b8).p)  # a non-positive L = 0 mean: not tested

@@ -225,7 +225,10 @@ def test_gold_reward_func_is_a_trl_reward_func():
 
 
 def test_cli_prints_paths_and_build_info(quick_assets, capsys):
+    """Cached assets: one line; with --manifest (or when it builds) the manifest, JSON on stdout."""
     assert tiny_main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets))]) == 0
+    assert capsys.readouterr().out == f"tiny-HH assets v3 ready (cached): {quick_assets.root}\n"
+    assert tiny_main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets)), "--manifest"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policy_dir"] == str(quick_assets.policy_dir)
     assert out["reward_model_dir"] == str(quick_assets.reward_model_dir)

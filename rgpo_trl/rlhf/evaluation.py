@@ -47,10 +47,12 @@ def evaluate_policy(
     batch_size: int = 16,
     temperature: float = 1.0,
     seed: int = 0,
+    per_completion: bool = False,
 ) -> dict[str, float]:
     """Sample one completion per conversational prompt; return the means of the proxy reward, the gold score
     (if ``gold_fn``) and KL_ref. ``ref_model=None`` with a PEFT ``model`` uses the model with its adapter
-    disabled as the reference (as TRL does)."""
+    disabled as the reference (as TRL does). ``per_completion`` adds every completion's scores, in prompt order
+    (``"per_completion": {"reward": [...], "gold": [...]}``), for paired comparisons on the same prompts."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -105,6 +107,8 @@ def evaluate_policy(
     if gold_fn is not None:
         result["gold"] = sum(golds) / len(golds)
         result["gold_std"] = _sample_std(golds)
+    if per_completion:
+        result["per_completion"] = {"reward": list(rewards), **({"gold": list(golds)} if gold_fn else {})}
     return result
 
 
@@ -114,15 +118,22 @@ def _sample_std(values: Sequence[float]) -> float:
     return statistics.stdev(values) if len(values) >= 2 else float("nan")
 
 
+def paired_standard_error(initial: dict[str, Any], trained: dict[str, Any], key: str) -> float:
+    """Standard error of mean(trained) - mean(initial) on the same prompts: the sample std over prompts of the
+    per-prompt difference of means (the samples of a prompt share it), / sqrt(prompts); from the two evaluations'
+    ``per_completion`` scores (prompt order, ``samples_per_prompt`` each)."""
+    k = trained.get("samples_per_prompt", 1)
+    a, b = initial["per_completion"][key], trained["per_completion"][key]
+    if len(a) != len(b) or len(a) % k:
+        raise ValueError(f"per_completion {key}: {len(a)} and {len(b)} scores for {k} samples a prompt")
+    diffs = [statistics.fmean(b[i : i + k]) - statistics.fmean(a[i : i + k]) for i in range(0, len(a), k)]
+    return _sample_std(diffs) / len(diffs) ** 0.5
+
+
 def comparison_table(initial: dict[str, Any], trained: dict[str, Any], method: str) -> str:
     """The initial (SFT) policy against the trained one on the same held-out prompts: proxy reward, gold (where the
     world has one) and KL_ref, then one sentence on what happened. A change counts when it exceeds twice its
-    standard error (the two evaluations' sample stds over the completions)."""
-
-    def se(key: str) -> float:
-        return sum(r.get(f"{key}_std", float("nan")) ** 2 / r["prompts"] / r.get("samples_per_prompt", 1)
-                   for r in (initial, trained)) ** 0.5  # fmt: skip
-
+    paired standard error (`paired_standard_error`; both evaluations need ``per_completion`` scores)."""
     keys = [
         ("reward", "proxy reward"),
         *([("gold", "gold")] if "gold" in trained else []),
@@ -134,22 +145,30 @@ def comparison_table(initial: dict[str, Any], trained: dict[str, Any], method: s
     ]
     for label, r in (("SFT policy", initial), (f"trained ({method})", trained)):
         lines.append(f"{label:{width}s}" + "".join(f"{r[k]:14.3f}" for k, _ in keys))
-    d_reward = trained["reward"] - initial["reward"]
-    up = d_reward > 2 * se("reward")
+    d_reward, reward_se = (
+        trained["reward"] - initial["reward"],
+        paired_standard_error(initial, trained, "reward"),
+    )
+    rose = d_reward > 2 * reward_se
     if "gold" not in trained:
-        verdict = f"The proxy reward {'rose' if up else 'did not rise beyond noise'} ({d_reward:+.3f})."
+        verdict = f"The proxy reward {'rose' if rose else 'did not change beyond noise'} ({d_reward:+.3f})."
     else:
-        d_gold, gold_se = trained["gold"] - initial["gold"], se("gold")
+        d_gold, gold_se = trained["gold"] - initial["gold"], paired_standard_error(initial, trained, "gold")
+        change = (
+            f"gold {d_gold:+.3f} (s.e. {gold_se:.3f}), proxy reward {d_reward:+.3f} (s.e. {reward_se:.3f})"
+        )
         if d_gold > 2 * gold_se:
-            verdict = (f"Training improved the policy: gold {d_gold:+.3f} (s.e. {gold_se:.3f}) with the proxy reward "
-                       f"{d_reward:+.3f}, at KL_ref {trained['kl_ref']:.3f} from the SFT policy.")  # fmt: skip
-        elif up and d_gold < -2 * gold_se:
-            verdict = (f"Over-optimised: the proxy reward rose ({d_reward:+.3f}) while gold fell ({d_gold:+.3f}, "
-                       f"s.e. {gold_se:.3f}): the policy exploits the imperfect reward model; a lower learning rate "
-                       "or a larger beta keeps it closer to the SFT policy.")  # fmt: skip
+            verdict = f"Training improved the policy: {change}, at KL_ref {trained['kl_ref']:.3f} from the SFT policy."
+        elif d_gold < -2 * gold_se and rose:
+            verdict = (
+                f"Over-optimised: {change}: the proxy reward rose while gold fell, the policy exploits the "
+                "imperfect reward model; a lower learning rate or a larger beta keeps it closer to the SFT "
+                "policy."
+            )
+        elif d_gold < -2 * gold_se:
+            verdict = f"Training made the policy worse: {change}."
         else:
-            verdict = (f"No clear change: gold {d_gold:+.3f} (s.e. {gold_se:.3f}), proxy reward {d_reward:+.3f}; "
-                       "train longer or with a larger learning rate.")  # fmt: skip
+            verdict = f"No clear change: {change}; train longer or with a larger learning rate."
     return "\n".join([*lines, verdict])
 
 

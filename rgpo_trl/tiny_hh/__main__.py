@@ -35,9 +35,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--manifest", action="store_true", help="print the manifest (paths, build info) when cached too"
     )
     a = p.parse_args(argv)
-    cached = (
-        not a.force
-        and TinyAssets.at(assets_dir(a.cache_dir, quick=a.quick, seed=a.seed, version=a.version)).exists()
+    existing = TinyAssets.at(assets_dir(a.cache_dir, quick=a.quick, seed=a.seed, version=a.version))
+    # cached as build_tiny_assets decides it: complete, of this version and seed (anything else is rebuilt)
+    cached = not a.force and existing.exists()
+    cached = cached and (existing.build_info.get("builder_version"), existing.build_info.get("seed")) == (
+        a.version,
+        a.seed,
     )
     quiet_cpu_libraries()
     assets = build_tiny_assets(

@@ -2,8 +2,9 @@
 
 A question is an item of the content bank asked in a *form* (a question or follow-up template). Test and
 validation each own two whole forms (a question form and a follow-up form that training never uses) and a
-share of the remaining item x form combinations, drawn once from a fixed seed; training gets the rest. Every user
-turn of a dialogue, earlier turns included, comes from the dialogue's own split, so a test question occurs nowhere
+share of the remaining item x form combinations, drawn once from a fixed seed; training gets the rest. Every
+question of a dialogue, earlier turns included, comes from the dialogue's own split (the three greetings, which ask
+nothing, are shared), so a test question occurs nowhere
 in what the SFT policy, the reward model or the RL run were trained on: they are the "pretrained" knowledge of the
 bank's items and answers, learnt from training questions only.
 """
