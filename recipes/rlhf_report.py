@@ -346,6 +346,110 @@ def _save(fig, out, name) -> str:
     return name
 
 
+KL_OLD, LR = "rgpo/kl_old_iteration", "learning_rate"
+EARLY = 50  # iterations: "early training" in the dynamics table
+
+
+def _per_run(rs: list[dict], key: str, fn) -> list[float]:
+    """``fn`` of each run's ``key`` column over its iterations (runs without the column left out)."""
+    out = []
+    for r in rs:
+        values = [(row["iteration"], row[key]) for row in r["rows"] if row.get(key) is not None]
+        if values:
+            out.append(fn(values))
+    return out
+
+
+def dynamics(runs: dict[str, list[dict]], window: tuple[int, int]) -> list[dict]:
+    """What a window mean hides, per online method (mean ± std over seeds of per-run values): KL_ref, KLhat_old
+    (methods that log it) and gold in the window, their maximum over all iterations and their mean over the first
+    ``EARLY`` iterations; and the learning rate in the window as a share of its peak (the schedule decays)."""
+    lo, hi = window
+    rows = []
+    for m in ONLINE:
+        rs = [r for r in runs.get(m, []) if r["rows"]]
+        if not rs:
+            continue
+        row = {"method": m, "n": len(rs)}
+        for key in (KL, KL_OLD, GOLD):
+            row[key] = {
+                "window": mean_std(_per_run(rs, key, lambda v: np.mean([x for i, x in v if lo < i <= hi]))),
+                "max": mean_std(_per_run(rs, key, lambda v: max(x for _, x in v))),
+                "early": mean_std(_per_run(rs, key, lambda v: np.mean([x for i, x in v if i <= EARLY]))),
+            }
+        row["lr_window_share"] = mean_std(
+            _per_run(rs, LR, lambda v: np.mean([x for i, x in v if lo < i <= hi]) / max(x for _, x in v))
+        )
+        rows.append(row)
+    return rows
+
+
+def _sci(ms) -> str:
+    """Mean ± std in 2 significant digits (KLhat_old spans orders of magnitude)."""
+    mean, std, n = ms
+    return "not run" if n == 0 else f"{mean:.2g}" + (f" ± {std:.2g}" if np.isfinite(std) else "")
+
+
+def dynamics_markdown(rows: list[dict], window: tuple[int, int]) -> str:
+    lo, hi = window
+    lines = [f"Per online method, mean ± std over seeds of each run's value: in the window ({lo}-{hi}), the maximum "
+             f"over every iteration, and the mean over the first {EARLY} iterations; the learning rate decays "
+             "linearly to 0 (TRL's default schedule), its window mean as a share of its peak in the last column.", "",
+             "| method | n | KL_ref window / max / early | KLhat_old window / max / early | gold window / max / early | "
+             "learning rate in the window / peak |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        fmt = {KL: lambda ms: _cell(ms, 4), KL_OLD: _sci, GOLD: lambda ms: _cell(ms, 3)}
+        cells = [" / ".join(fmt[k](r[k][part]) for part in ("window", "max", "early")) if r[k]["window"][2] else "-"
+                 for k in (KL, KL_OLD, GOLD)]  # fmt: skip
+        lines.append(f"| {r['method']} | {r['n']} | {' | '.join(cells)} | {_cell(r['lr_window_share'], 3)} |")
+    return "\n".join(lines)
+
+
+def dynamics_figure(runs: dict[str, list[dict]], out: str) -> list[str]:
+    """KLhat_old per iteration (log scale; methods that log it) and the learning rate, mean ± std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not any(
+        r["rows"] and any(KL_OLD in row for row in r["rows"]) for m in ONLINE for r in runs.get(m, [])
+    ):
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for i, m in enumerate(ONLINE):
+        rs = [r for r in runs.get(m, []) if r["rows"]]
+        for ax, key in zip(axes, (KL_OLD, LR), strict=True):
+            per_seed = [c for c in (binned(r, key, 1) for r in rs) if c]
+            xs = common_bins(per_seed)
+            if not xs:
+                continue
+            y = np.array([[c[b] for b in xs] for c in per_seed])
+            mu, sd = y.mean(0), y.std(0, ddof=1) if len(y) > 1 else np.zeros(len(xs))
+            its = np.array(xs) + 1
+            ax.plot(its, mu, color=f"C{i}", label=f"{m} (n={len(per_seed)})", lw=1)
+            ax.fill_between(its, np.maximum(mu - sd, mu * 0.1) if key == KL_OLD else mu - sd, mu + sd,
+                            color=f"C{i}", alpha=0.2)  # fmt: skip
+    axes[0].set_yscale("log")
+    axes[0].set_title("KLhat_old per iteration (mean ± 1 std over seeds)")
+    axes[1].set_title("learning rate")
+    for ax in axes:
+        ax.set_xlabel("iteration")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    return [_save(fig, out, "curves_dynamics.png")]
+
+
+def _window_of(runs: dict[str, list[dict]]) -> tuple[int, int]:
+    """The summary window the runs used (their summary.json), else the last quarter of the longest run."""
+    for rs in runs.values():
+        for r in rs:
+            if r["summary"].get("window"):
+                return tuple(r["summary"]["window"])
+    n = max((row["iteration"] for rs in runs.values() for r in rs for row in r["rows"]), default=0)
+    return (3 * n) // 4, n
+
+
 def build_report(
     results: str, out: str, plots: bool = True, runs: dict[str, list[dict]] | None = None
 ) -> str:
@@ -365,7 +469,11 @@ def build_report(
              "heldout_kl_ref": pairwise(runs, "heldout", "kl_ref")}  # fmt: skip
     with open(os.path.join(out, "pairwise.json"), "w") as f:
         json.dump(tests, f, indent=2)
-    figs = figures(runs, out, over) if plots else []
+    window = _window_of(runs)
+    dyn = dynamics(runs, window)
+    with open(os.path.join(out, "dynamics.json"), "w") as f:
+        json.dump(dyn, f, indent=2)
+    figs = (figures(runs, out, over) + dynamics_figure(runs, out)) if plots else []
     text = "\n".join([
         "# RLHF comparison vs the paper (Sec. 7.3)", "",
         f"Command: `python recipes/rlhf_report.py {results} --out {out}`. Mean ± sample std (ddof 1) over n finished "
@@ -376,6 +484,7 @@ def build_report(
         "## Pairwise tests", "", pairwise_markdown(tests["heldout_gold"], "held-out gold"), "",
         pairwise_markdown(tests["window_gold"], "window gold"), "",
         pairwise_markdown(tests["heldout_kl_ref"], "held-out KL_ref"), "",
+        "## Training dynamics (what the window means hide)", "", dynamics_markdown(dyn, window), "",
         *[f"![{f}]({f})" for f in figs], "",
     ])  # fmt: skip
     with open(os.path.join(out, "report.md"), "w") as f:

@@ -293,3 +293,36 @@ def test_reuse_tests_are_welch_with_holm_at_each_reuse_count():
     assert change["grpo"]["p"] == pytest.approx(
         stats.ttest_ind(gold[("grpo", "8")], gold[("grpo", "1")], equal_var=False).pvalue
     )
+
+
+def test_dynamics_table_reports_window_maximum_early_and_the_learning_rate_share(tmp_path):
+    """Per run: the window mean, the maximum over every iteration and the mean over the first 50 iterations of
+    KL_ref, KLhat_old and gold, and the window's learning rate over its peak; then mean ± std over seeds."""
+    import numpy as np
+    import pytest
+
+    report = _load("rlhf_report")
+    n = 80
+    for seed in (1, 2):
+        rows = [{"iteration": i, "step": i, "kl_ref/monitor": 0.001 * i * seed, "rgpo/kl_old_iteration": 1e-4 / i,
+                 "rewards/gold/mean": 1.0 + (i == 30) * seed, "learning_rate": 1e-4 * (1 - (i - 1) / n)}
+                for i in range(1, n + 1)]  # fmt: skip
+        _write_run(tmp_path / f"rgpo__s{seed}", {"reward": 0.0, "kl_ref": 0.1, "gold": 1.0, "window": [60, 80]},
+                   {"reward": 0.0, "kl_ref": 0.1, "gold": 1.0}, rows)  # fmt: skip
+    runs = report.load(str(tmp_path))
+    assert report._window_of(runs) == (60, 80)
+    (row,) = report.dynamics(runs, (60, 80))
+    kl_window = [np.mean([0.001 * i * s for i in range(61, 81)]) for s in (1, 2)]
+    assert row["kl_ref/monitor"]["window"] == pytest.approx(
+        (np.mean(kl_window), np.std(kl_window, ddof=1), 2)
+    )
+    assert row["kl_ref/monitor"]["max"][0] == pytest.approx(np.mean([0.08, 0.16]))
+    assert row["rgpo/kl_old_iteration"]["max"][0] == pytest.approx(1e-4)  # iteration 1
+    assert row["rgpo/kl_old_iteration"]["early"][0] == pytest.approx(
+        np.mean([1e-4 / i for i in range(1, 51)])
+    )
+    assert row["rewards/gold/mean"]["max"][0] == pytest.approx(2.5)  # the spike at iteration 30: 2 and 3
+    lr_share = np.mean([1 - (i - 1) / n for i in range(61, 81)])
+    assert row["lr_window_share"][0] == pytest.approx(lr_share)
+    text = report.build_report(str(tmp_path), str(tmp_path / "report"), plots=False)
+    assert "## Training dynamics" in text and "| rgpo | 2 |" in text
