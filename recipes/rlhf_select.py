@@ -16,7 +16,16 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rlhf_suite import DEMO_RATES, DEMO_SEED, TUNE_RATES, TUNE_SEED, RLHFRun  # noqa: E402
+from rlhf_suite import (
+    DEMO_RATES,
+    DEMO_SEED,
+    EDGE_RATES,
+    TUNE_RATES,
+    TUNE_SEED,
+    RLHFRun,
+    read_validation,
+    tune_grid,
+)  # noqa: E402
 
 CRITERION = "gold"  # validation.json's mean gold over the window evaluations
 
@@ -28,35 +37,43 @@ def protocol(tune_dir: str) -> dict:
         return {"rates": {"rgpo": DEMO_RATES}, "seed": DEMO_SEED,
                 "criterion": f"mean validation {CRITERION} at iteration 60 (64 prompts of tiny-hh/validation, world "
                 "v3, 2 samples each), highest wins"}  # fmt: skip
+    v3 = os.path.basename(os.path.dirname(path)) == "v3"
     validation = ("256 prompts of tiny-hh/validation, world v3: questions no training prompt contains"
-                  if os.path.basename(os.path.dirname(path)) == "v3" else "256 training-split prompts held out")  # fmt: skip
-    return {"rates": TUNE_RATES, "seed": TUNE_SEED,
-            "criterion": f"mean validation {CRITERION} at iterations 325-400 ({validation}, 2 samples each), "
-            "highest wins"}  # fmt: skip
+                  if v3 else "256 training-split prompts held out")  # fmt: skip
+    criterion = (
+        f"mean validation {CRITERION} at iterations 325-400 ({validation}, 2 samples each), highest wins"
+    )
+    if v3:
+        criterion += ("; a method best at its grid's lowest (highest) rate gets one run a grid step below (above) "
+                      "and is selected over the extended grid, one extension at most")  # fmt: skip
+    return {"rates": TUNE_RATES, "seed": TUNE_SEED, "edges": EDGE_RATES if v3 else {}, "criterion": criterion}
 
 
 def select(tune_dir: str) -> dict:
     """Every method x rate with the criterion (None if not finished) and, when all rates finished, the choice."""
     methods, proto = {}, protocol(tune_dir)
-    for method, rates in proto["rates"].items():
+    for method, grid in proto["rates"].items():
+        rates = tune_grid(tune_dir, method, grid, proto.get("edges", {}).get(method))
         rows = []
         for lr in rates:
             run = RLHFRun("tune", method, proto["seed"], "", tag=f"lr{lr}")
-            path = os.path.join(tune_dir, run.name, "validation.json")
-            value = None
-            if os.path.exists(path):
-                with open(path) as f:
-                    result = json.load(f)
-                if result["iterations"] != result["expected_iterations"]:
-                    raise SystemExit(f"{path}: evaluated at {result['iterations']}, "
-                                     f"expected {result['expected_iterations']}")  # fmt: skip
-                value = {k: result.get(k) for k in ("gold", "reward", "kl_ref")}
-            rows.append({"lr": lr, "run": run.name, "validation": value})
+            rows.append(
+                {"lr": lr, "run": run.name, "validation": read_validation(os.path.join(tune_dir, run.name))}
+            )
         done = [r for r in rows if r["validation"] is not None]
         selected = (
             max(done, key=lambda r: r["validation"][CRITERION])["lr"] if len(done) == len(rows) else None
         )
-        methods[method] = {"rates": rows, "selected_lr": selected}
+        edge = (
+            None
+            if selected is None
+            else "lowest"
+            if selected == rates[0]
+            else "highest"
+            if selected == rates[-1]
+            else None
+        )
+        methods[method] = {"rates": rows, "selected_lr": selected, "edge": edge, "extended": rates != grid}
     return {"criterion": proto["criterion"], "seed": proto["seed"], "methods": methods}
 
 
@@ -80,7 +97,15 @@ def to_markdown(selection: dict, folder: str = "results/rlhf/tune") -> str:
                 else [f"{v['gold']:.3f}", f"{v['reward']:.3f}", f"{v['kl_ref']:.3f}"]
             )
             mark = "**yes**" if row["lr"] == entry["selected_lr"] else ""
+            if mark and entry.get("edge"):
+                mark += f" (the {entry['edge']} rate tried)"
             lines.append(f"| {method} | {row['lr']} | {' | '.join(cells)} | {mark} |")
+    edges = [f"{m} ({e['edge']})" for m, e in selection["methods"].items() if e.get("edge")]
+    if edges:
+        lines += ["", f"Selected at an edge of the rates tried: {', '.join(edges)}."]
+    extended = [m for m, e in selection["methods"].items() if e.get("extended")]
+    if extended:
+        lines += ["", f"Grid extended by the edge rule: {', '.join(extended)}."]
     pending = [m for m, e in selection["methods"].items() if e["selected_lr"] is None]
     if pending:
         lines += ["", f"Not selected yet (a rate has not finished): {', '.join(pending)}."]

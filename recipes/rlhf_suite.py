@@ -89,9 +89,45 @@ def selected_rates(results: str, world: str = "") -> dict[str, str]:
     return {m: lr for m, lr in chosen.items() if lr is not None}  # a method with an unfinished rate waits
 
 
+def read_validation(run_dir: str) -> dict | None:
+    """A tuning run's validation result (gold, reward, kl_ref over the window), None if it has not finished; a run
+    evaluated at other iterations than its config asks for is refused."""
+    path = os.path.join(run_dir, "validation.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        result = json.load(f)
+    if result["iterations"] != result["expected_iterations"]:
+        raise SystemExit(
+            f"{path}: evaluated at {result['iterations']}, expected {result['expected_iterations']}"
+        )
+    return {k: result.get(k) for k in ("gold", "reward", "kl_ref")}
+
+
+def tune_grid(
+    tune_dir: str, method: str, rates: tuple[str, ...], edges: tuple[str, str] | None
+) -> tuple[str, ...]:
+    """A method's tuning rates (ascending): the grid, plus one rate beyond an edge once every grid rate has finished
+    and the best of them (highest validation gold) is the lowest or the highest; ``edges`` = (below, above)."""
+    if edges is None:
+        return rates
+    scores = [read_validation(os.path.join(tune_dir, f"{method}__lr{lr}__s{TUNE_SEED}")) for lr in rates]
+    if any(s is None for s in scores):
+        return rates
+    best = max(range(len(rates)), key=lambda i: scores[i]["gold"])
+    if best == 0:
+        return (edges[0], *rates)
+    return (*rates, edges[1]) if best == len(rates) - 1 else rates
+
+
 def _tune(results: str, world: str = "", config: str = PAPER) -> list[RLHFRun]:
-    return [RLHFRun(f"{world}tune", m, TUNE_SEED, config, ("--learning_rate", lr, *VALIDATION), tag=f"lr{lr}")
-            for m, rates in TUNE_RATES.items() for lr in rates]  # fmt: skip
+    edges = EDGE_RATES if world == "v3/" else {}
+    tune_dir = os.path.join(results, world, "tune")
+    return [
+        RLHFRun(f"{world}tune", m, TUNE_SEED, config, ("--learning_rate", lr, *VALIDATION), tag=f"lr{lr}")
+        for m, rates in TUNE_RATES.items()
+        for lr in tune_grid(tune_dir, m, rates, edges.get(m))
+    ]
 
 
 def _final(results: str, world: str = "", config: str = PAPER) -> list[RLHFRun]:
@@ -119,6 +155,11 @@ def _reuse(results: str) -> list[RLHFRun]:
 # rate grids, seed, validation rule and test evaluation), with validation prompts from tiny-hh/validation (questions
 # no training prompt contains) instead of the last training prompts; results under results/rlhf/v3/.
 PAPER_V3 = "recipes/configs/hh_rlhf_tiny_paper_v3.yaml"
+# World v3's edge rule, fixed after 13 of its 21 tuning runs had finished and before the other 8: a method whose
+# best grid rate is the grid's lowest (highest) gets one more run a grid step below (above) it, at the tuning seed,
+# and is selected over the extended grid (`python recipes/rlhf_suite.py v3/tune` adds these runs once the grid has
+# finished). One extension at most: a method still best at the new edge is selected there and reported as such.
+EDGE_RATES = {**{m: ("2.5e-5", "4e-4") for m in ONLINE}, "dpo": ("3e-6", "3e-4")}
 
 # suites built when asked for: the final, frontier and reuse suites read the tuning suite's selection
 SUITE_BUILDERS = {

@@ -117,3 +117,43 @@ def test_path_containment_is_not_a_string_prefix(tmp_path):
     (tmp_path / "proj-cache").mkdir()
     assert not rlhf_suite.inside(str(tmp_path / "proj-cache"), str(tmp_path / "proj"))
     assert rlhf_suite.inside(str(tmp_path / "proj" / "x"), str(tmp_path / "proj"))
+
+
+def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_path):
+    import rlhf_select
+    import rlhf_suite
+
+    tune = tmp_path / "v3" / "tune"
+
+    def finish(method, lr, gold):
+        d = tune / f"{method}__lr{lr}__s100"
+        d.mkdir(parents=True)
+        result = {"iterations": [325], "expected_iterations": [325], "gold": gold, "reward": 2.0, "kl_ref": 0.1}
+        (d / "validation.json").write_text(json.dumps(result))
+
+    for lr, gold in {"5e-5": 2.0, "1e-4": 1.5, "2e-4": 1.0}.items():  # rgpo: best at the lowest rate
+        finish("rgpo", lr, gold)
+    for lr, gold in {"5e-5": 1.0, "1e-4": 1.8, "2e-4": 1.2}.items():  # ppo: an interior best
+        finish("ppo", lr, gold)
+    for lr, gold in {"5e-5": 1.0, "1e-4": 1.1}.items():  # grpo: unfinished grid, no extension yet
+        finish("grpo", lr, gold)
+    runs = {r.name for r in rlhf_suite.SUITE_BUILDERS["v3/tune"](str(tmp_path))}
+    assert "rgpo__lr2.5e-5__s100" in runs and "rgpo__lr4e-4__s100" not in runs
+    assert not any(n.startswith(("ppo__lr2.5e-5", "ppo__lr4e-4", "grpo__lr2.5e-5", "grpo__lr4e-4")) for n in runs)
+    assert len(runs) == 21 + 1
+    # the v2 suite never extends
+    assert len(rlhf_suite.SUITE_BUILDERS["tune"](str(tmp_path / "v3"))) == 21
+    rlhf_select.main([str(tune)])
+    selection = json.load(open(tune / "selection.json"))
+    assert selection["methods"]["rgpo"]["selected_lr"] is None  # the extension has not run
+    assert selection["methods"]["ppo"]["selected_lr"] == "1e-4" and selection["methods"]["ppo"]["edge"] is None
+    finish("rgpo", "2.5e-5", 2.5)  # still best at the new edge: selected there, said so, no second extension
+    assert len(rlhf_suite.SUITE_BUILDERS["v3/tune"](str(tmp_path))) == 22
+    rlhf_select.main([str(tune)])
+    selection = json.load(open(tune / "selection.json"))
+    rgpo = selection["methods"]["rgpo"]
+    assert rgpo["selected_lr"] == "2.5e-5" and rgpo["edge"] == "lowest" and rgpo["extended"]
+    assert [r["lr"] for r in rgpo["rates"]] == ["2.5e-5", "5e-5", "1e-4", "2e-4"]
+    text = (tune / "selection.md").read_text()
+    assert "| rgpo | 2.5e-5 | 2.500 | 2.000 | 0.100 | **yes** (the lowest rate tried) |" in text
+    assert "Grid extended by the edge rule: rgpo." in text
