@@ -16,6 +16,8 @@ from .core import __all__ as _core_all
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AsyncRGPOConfig": "rgpo_trl.async_rgpo",
+    "AsyncRGPOTrainer": "rgpo_trl.async_rgpo",
     "RGPOConfig": "rgpo_trl.trainer",
     "RGPOTrainer": "rgpo_trl.trainer",
     "PPORLHFConfig": "rgpo_trl.trainer",
@@ -23,6 +25,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .async_rgpo import AsyncRGPOConfig, AsyncRGPOTrainer
     from .trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
 
 
@@ -32,4 +35,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'rgpo_trl' has no attribute {name!r}")
 
 
-__all__ = [*_core_all, "PPORLHFConfig", "PPORLHFTrainer", "RGPOConfig", "RGPOTrainer"]
+__all__ = [
+    *_core_all,
+    "AsyncRGPOConfig",
+    "AsyncRGPOTrainer",
+    "PPORLHFConfig",
+    "PPORLHFTrainer",
+    "RGPOConfig",
+    "RGPOTrainer",
+]

@@ -65,8 +65,55 @@ def refuse_changed_grpo_fields(config: GRPOConfig, reasons: dict[str, str], trai
             )
 
 
+class RGPOLossSettings:
+    """The settings every RGPO trainer reads the same way (mixed into `RGPOConfig` and `AsyncRGPOConfig`): the gate,
+    the ratio mode, the KL-to-old controller and ``beta``, validated by name and range at construction."""
+
+    def _validate_gate_and_kl(self) -> None:
+        if isinstance(self.gate_params, str):
+            try:
+                self.gate_params = json.loads(self.gate_params)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"gate_params must be a JSON object, got {self.gate_params!r}") from err
+        self.gate_params = dict(self.gate_params or {})
+        try:
+            self.make_gate()  # validates the name and the parameters against the gate's declaration
+        except ValueError as err:
+            if self.gate not in GATES:  # the unknown name is the whole message: no second copy of it
+                raise ValueError(str(err)) from None
+            raise ValueError(f"gate_params: {err}") from err
+        if self.ratio_mode not in RATIO_MODES:
+            raise ValueError(f"ratio_mode must be one of {list(RATIO_MODES)}, got {self.ratio_mode!r}")
+        if self.kl_controller not in KL_CONTROLLERS:
+            raise ValueError(
+                f"kl_controller must be one of {sorted(KL_CONTROLLERS)}, got {self.kl_controller!r}"
+            )
+        self.make_kl_controller()  # validates kl_coef and the controller's own settings
+        if (
+            isinstance(self.beta, bool)
+            or not isinstance(self.beta, (int, float))
+            or not math.isfinite(self.beta)
+            or self.beta < 0
+        ):
+            raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
+
+    def make_gate(self) -> Gate:
+        """The `Gate` named by ``gate`` with ``gate_params``."""
+        return make_gate(self.gate, **self.gate_params)
+
+    def make_kl_controller(self) -> KLController:
+        """A fresh KL-to-old controller named by ``kl_controller``."""
+        return make_kl_controller(
+            self.kl_controller,
+            kl_coef=self.kl_coef,
+            kl_target=self.kl_target,
+            kl_coef_min=self.kl_coef_min,
+            kl_coef_max=self.kl_coef_max,
+        )
+
+
 @dataclass
-class RGPOConfig(GRPOConfig):
+class RGPOConfig(RGPOLossSettings, GRPOConfig):
     r"""
     Configuration class for [`RGPOTrainer`] (Rejection-Gated Policy Optimization).
 
@@ -196,32 +243,7 @@ class RGPOConfig(GRPOConfig):
         super().__post_init__()
 
     def _validate_rgpo(self) -> None:
-        if isinstance(self.gate_params, str):
-            try:
-                self.gate_params = json.loads(self.gate_params)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"gate_params must be a JSON object, got {self.gate_params!r}") from err
-        self.gate_params = dict(self.gate_params or {})
-        try:
-            self.make_gate()  # validates the name and the parameters against the gate's declaration
-        except ValueError as err:
-            if self.gate not in GATES:  # the unknown name is the whole message: no second copy of it
-                raise ValueError(str(err)) from None
-            raise ValueError(f"gate_params: {err}") from err
-        if self.ratio_mode not in RATIO_MODES:
-            raise ValueError(f"ratio_mode must be one of {list(RATIO_MODES)}, got {self.ratio_mode!r}")
-        if self.kl_controller not in KL_CONTROLLERS:
-            raise ValueError(
-                f"kl_controller must be one of {sorted(KL_CONTROLLERS)}, got {self.kl_controller!r}"
-            )
-        self.make_kl_controller()  # validates kl_coef and the controller's own settings
-        if (
-            isinstance(self.beta, bool)
-            or not isinstance(self.beta, (int, float))
-            or not math.isfinite(self.beta)
-            or self.beta < 0
-        ):
-            raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
+        self._validate_gate_and_kl()
         if self.ratio_mode in ("ref", "dual") and self.beta == 0:
             raise ValueError(
                 f"beta must be > 0 with ratio_mode={self.ratio_mode!r}: GRPOTrainer only builds the reference "
@@ -250,20 +272,6 @@ class RGPOConfig(GRPOConfig):
             )
         # GRPO options that would change or replace the gate, or that only such a loss reads: refused, never ignored.
         refuse_changed_grpo_fields(self, REFUSED_IF_SET, "RGPOTrainer")
-
-    def make_gate(self) -> Gate:
-        """The `Gate` named by ``gate`` with ``gate_params``."""
-        return make_gate(self.gate, **self.gate_params)
-
-    def make_kl_controller(self) -> KLController:
-        """A fresh KL-to-old controller named by ``kl_controller``."""
-        return make_kl_controller(
-            self.kl_controller,
-            kl_coef=self.kl_coef,
-            kl_target=self.kl_target,
-            kl_coef_min=self.kl_coef_min,
-            kl_coef_max=self.kl_coef_max,
-        )
 
 
 def micro_batches_per_iteration(args: GRPOConfig) -> int:
