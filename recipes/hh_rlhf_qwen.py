@@ -64,6 +64,32 @@ class HHScriptArguments(ScriptArguments):
             "help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo."
         },
     )
+    trainer: str = field(
+        default="sync",
+        metadata={
+            "help": "'sync': TRL's GRPOTrainer family, generation and training in turn; 'async': TRL's asynchronous "
+            "trainer (trl.experimental.async_grpo), where samples arrive up to max_staleness weight versions old "
+            "(methods rgpo, rgpo_old, grpo; its fields such as --max_staleness apply).",
+            "choices": ["sync", "async"],
+        },
+    )
+    async_rollout: str = field(
+        default="auto",
+        metadata={
+            "help": "With --trainer async: 'in_process' generates in a thread of the trainer with transformers "
+            "(CPU, tests, the tiny world); 'vllm' uses TRL's vLLM server (`trl vllm-serve`, GPUs); 'auto' is "
+            "in_process without a GPU and vllm with one.",
+            "choices": ["auto", "in_process", "vllm"],
+        },
+    )
+    rollout_lag: int | None = field(
+        default=None,
+        metadata={
+            "help": "With --trainer async and the in-process worker: the samples of the optimizer step that trains "
+            "weight version v are generated with version v - rollout_lag exactly (1 <= rollout_lag <= "
+            "max_staleness), so staleness does not depend on the machine's speed; unset: the worker runs freely."
+        },
+    )
     reward_model_name_or_path: str = field(
         default="OpenAssistant/reward-model-deberta-v3-large-v2",
         metadata={"help": "Pairwise sequence-classification reward model (hub id or local directory)."},
@@ -269,32 +295,19 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True, resolve_as
     which the YAML and the command line override: field defaults < method < YAML < command line."""
     from trl import ModelConfig, TrlParser
 
-    from rgpo_trl.rlhf.methods import get_rlhf_method
-
     argv = list(sys.argv[1:] if argv is None else argv)
     run_name = config_name(argv)
     first, model_first, _ = TrlParser((HHScriptArguments, ModelConfig), add_help=False).parse_args_and_config(
         args=argv, return_remaining_strings=True
     )
-    method = get_rlhf_method(first.method)
+    if first.trainer not in ("sync", "async"):
+        raise ValueError(f"trainer must be 'sync' or 'async', got {first.trainer!r}")
     if first.world not in WORLDS:
         raise ValueError(f"world must be one of {sorted(WORLDS)}, got {first.world!r}")
     if check_hub and not {"-h", "--help"} & set(argv):  # --help is printed by the second parse, offline too
         check_hub_ids(first, model_first)
-    parser = make_parser(method.config_class)
-    parser.set_defaults(
-        **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{run_name}-{method.name}"
-    )
-    if method.online:
-        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-        script_args.unused_preset_settings = {}
-    else:  # an offline method (DPO) does not read the preset's generation settings; they are listed, not lost
-        script_args, training_args, model_args, rest = parser.parse_args_and_config(
-            args=argv, return_remaining_strings=True, fail_with_unknown_args=False
-        )
-        script_args.unused_preset_settings = dict(
-            zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True)
-        )
+    parse = _parse_async if first.trainer == "async" else _parse_sync
+    script_args, training_args, model_args = parse(argv, first, run_name)
     if model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path is required")
     for name in ("heldout_samples", "validation_samples", "validation_every"):
@@ -313,6 +326,73 @@ def parse_args(argv: list[str] | None = None, check_hub: bool = True, resolve_as
     return script_args, training_args, model_args
 
 
+def _parse_sync(argv, first, run_name):
+    """The second pass of `parse_args` for the GRPOTrainer family (and DPO)."""
+    from rgpo_trl.rlhf.methods import get_rlhf_method
+
+    method = get_rlhf_method(first.method)
+    parser = make_parser(method.config_class)
+    parser.set_defaults(
+        **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{run_name}-{method.name}"
+    )
+    if method.online:
+        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+        script_args.unused_preset_settings = {}
+    else:  # an offline method (DPO) does not read the preset's generation settings; they are listed, not lost
+        script_args, training_args, model_args, rest = parser.parse_args_and_config(
+            args=argv, return_remaining_strings=True, fail_with_unknown_args=False
+        )
+        script_args.unused_preset_settings = dict(
+            zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True)
+        )
+    return script_args, training_args, model_args
+
+
+def _parse_async(argv, first, run_name):
+    """`parse_args` for --trainer async: the method's asynchronous trainer config. Preset settings it has no field
+    for (num_iterations: no batch reuse; disable_dropout) are listed in ``unused_preset_settings``; an unknown
+    command-line option is an error."""
+    from rgpo_trl.rlhf.async_methods import get_async_method
+
+    method = get_async_method(first.method)
+    if first.rollout_lag is not None and first.async_rollout == "vllm":
+        raise ValueError("rollout_lag needs async_rollout='in_process' (a vLLM server generates freely)")
+    parser = make_parser(method.config_class, model_config_without({"dtype"}))
+    parser.set_defaults(
+        **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{run_name}-{method.name}-async"
+    )
+    script_args, training_args, model_args, rest = parser.parse_args_and_config(
+        args=argv, return_remaining_strings=True, fail_with_unknown_args=False
+    )
+    unknown = [k for k in rest[::2] if k in argv]
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)}: not a field of the recipe or of {method.config_class.__name__}"
+        )
+    script_args.unused_preset_settings = dict(
+        zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True)
+    )
+    model_args.dtype = training_args.dtype  # one --dtype, declared by the trainer config
+    lag = script_args.rollout_lag
+    if lag is not None and not 1 <= lag <= training_args.max_staleness:
+        raise ValueError(
+            f"rollout_lag must be in [1, max_staleness = {training_args.max_staleness}], got {lag}: older samples "
+            "are dropped, and TRL's loader reads one micro-batch ahead of the weights it trains"
+        )
+    if model_args.attn_implementation is not None:
+        raise ValueError(
+            f"attn_implementation={model_args.attn_implementation!r} cannot be used with --trainer async: TRL's "
+            "asynchronous trainer packs samples into prefix trees and runs its own tree attention"
+        )
+    if training_args.token_budget is None and script_args.async_rollout != "vllm":
+        training_args.token_budget = 0  # the in-process worker: a fixed number of samples per micro-batch
+    if script_args.validation_prompts:
+        raise ValueError(
+            "validation_prompts must be 0 with --trainer async (the window evaluation is sync-only)"
+        )
+    return script_args, training_args, model_args
+
+
 WORLDS = {"hh", "tiny"}
 DESCRIPTION = """RGPO (and the paper's baselines) on Anthropic HH-RLHF with a pairwise DeBERTa reward model.
 
@@ -322,14 +402,26 @@ GRPOConfig / RGPOConfig fields (RGPO's: gate, gate_params, ratio_mode, kl_contro
 kl_coef_min, kl_coef_max, beta) and ModelConfig's (PEFT: --use_peft --lora_r 16)."""
 
 
-def make_parser(config_class):
+def model_config_without(names: set[str]):
+    """TRL's ModelConfig without the fields in ``names``, for a trainer config that declares them itself
+    (AsyncGRPOConfig's ``dtype``): one option, read from the trainer config."""
+    from dataclasses import fields, make_dataclass
+
+    from trl import ModelConfig
+
+    kept = [(f.name, f.type, field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+            for f in fields(ModelConfig) if f.name not in names]  # fmt: skip
+    return make_dataclass("ModelConfig", kept, namespace={"__post_init__": ModelConfig.__post_init__})
+
+
+def make_parser(config_class, model_config=None):
     """The recipe's TrlParser: a description at the top of --help, the script's own fields first."""
     from trl import ModelConfig, TrlParser
 
     usage = ("accelerate launch [--config_file recipes/accelerate_configs/<launch>.yaml] recipes/hh_rlhf_qwen.py "
              "--config recipes/configs/hh_rlhf_<preset>.yaml [--method METHOD] [--<field> VALUE ...]")  # fmt: skip
-    return TrlParser((HHScriptArguments, config_class, ModelConfig), usage=usage, description=DESCRIPTION,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    return TrlParser((HHScriptArguments, config_class, model_config or ModelConfig), usage=usage,
+                     description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
 
 
 def refuse_offline_push(training_args) -> None:
@@ -593,6 +685,61 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     return summary
 
 
+def build_async_trainer(
+    script_args, training_args, model_args, tokenizer, dataset, reward_funcs, reward_weights
+):
+    """(method, trainer) for --trainer async: the method's asynchronous trainer with the in-process rollout worker
+    (a thread generating with transformers) or, on GPUs, TRL's vLLM worker; the vLLM path fails up front when vllm
+    is not installed."""
+    import importlib.util
+
+    import torch
+    from trl import get_peft_config
+
+    from rgpo_trl.async_rgpo import InProcessRolloutWorker, InProcessWeightTransfer, install_cpu_shims
+    from rgpo_trl.cli import UsageError
+    from rgpo_trl.rlhf.async_methods import get_async_method
+
+    method = get_async_method(script_args.method)
+    rollout = script_args.async_rollout
+    if rollout == "auto":
+        rollout = "vllm" if torch.cuda.is_available() else "in_process"
+    workers = {}
+    if rollout == "in_process":
+        install_cpu_shims()
+        worker = InProcessRolloutWorker(model_args.model_name_or_path, tokenizer, dataset, reward_funcs,
+                                        training_args, reward_weights=reward_weights, lag=script_args.rollout_lag)  # fmt: skip
+        workers = {"rollout_worker": worker, "weight_transfer": InProcessWeightTransfer(worker)}
+    elif importlib.util.find_spec("vllm") is None:
+        raise UsageError(
+            "async_rollout='vllm' needs vllm (pip install vllm) and a running server: `trl vllm-serve --model "
+            f"{model_args.model_name_or_path}` (--vllm_server_base_url, default {training_args.vllm_server_base_url}); "
+            "without a GPU use --async_rollout in_process"
+        )
+    trainer = method.trainer_class(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        **workers,
+    )
+    return method, trainer
+
+
+def plain_policy(path: str, trained=None):
+    """The policy at ``path`` with standard attention, holding ``trained``'s weights if given: TRL's asynchronous
+    trainer runs packed tree attention, which cannot generate."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    if trained is not None:
+        model.load_state_dict(trained.state_dict())
+        model.to(trained.device)
+    return model.eval()
+
+
 def init_distributed_for_cpu_deepspeed() -> bool:
     """DeepSpeed without CUDA must run over gloo; otherwise ZeRO-3 fails while loading the reference
     model ("train_batch_size is not equal to ..."). Initialise it before anything builds the
@@ -700,30 +847,44 @@ def main(argv: list[str] | None = None) -> dict:
         # optimised), to watch the proxy reward model being over-optimised.
         reward_funcs.append(gold_for(script_args.tiny_version)[1])
         reward_weights.append(0.0)
-    training_args.reward_weights = reward_weights
+    if script_args.trainer == "sync":  # the async worker weighs the rewards itself
+        training_args.reward_weights = reward_weights
     model_init_kwargs = dict(
         revision=model_args.model_revision,
         trust_remote_code=training_args.trust_remote_code,
         attn_implementation=model_args.attn_implementation,
         dtype=model_args.dtype,
     )
+    if script_args.trainer == "async":  # its packed rows need its own tree attention
+        del model_init_kwargs["attn_implementation"]
     training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
 
-    steps_per_iteration = optimizer_steps_per_iteration(training_args)
+    # one iteration: a generation batch and its reuse (sync); one optimizer step (async: generation never pauses)
+    steps_per_iteration = optimizer_steps_per_iteration(training_args) if script_args.trainer == "sync" else 1
     if training_args.max_steps is None or training_args.max_steps <= 0:
         training_args.max_steps = script_args.num_rl_iterations * steps_per_iteration
     n_iters = training_args.max_steps // steps_per_iteration
     window = summary_window(script_args, n_iters)
 
-    method = get_rlhf_method(script_args.method)
-    trainer = method.trainer_class(
-        model=model_args.model_name_or_path,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-    )
+    if script_args.trainer == "async":
+        if state.is_main_process and script_args.unused_preset_settings:
+            logger.info(
+                "the asynchronous trainer does not read these settings: %s",
+                script_args.unused_preset_settings,
+            )
+        method, trainer = build_async_trainer(
+            script_args, training_args, model_args, tokenizer, dataset, reward_funcs, reward_weights
+        )
+    else:
+        method = get_rlhf_method(script_args.method)
+        trainer = method.trainer_class(
+            model=model_args.model_name_or_path,
+            reward_funcs=reward_funcs,
+            args=training_args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )
     if trainer.is_deepspeed_enabled:
         # Under ZeRO-3 the reward model was loaded partitioned (zero.Init); like GRPOTrainer does for
         # its own reward models, run it through a DeepSpeed inference engine.
@@ -751,9 +912,16 @@ def main(argv: list[str] | None = None) -> dict:
     if script_args.heldout_prompts > 0 and state.num_processes > 1:
         logger.warning("held-out evaluation runs in single-process runs only; skipped")
     elif script_args.heldout_prompts > 0:
-        trained = write_heldout(
+        policy, reference = (
             trainer.accelerator.unwrap_model(trainer.model),
-            trainer.ref_model,
+            getattr(trainer, "ref_model", None),
+        )
+        if script_args.trainer == "async":  # packed tree attention cannot generate: plain copies evaluate
+            policy = plain_policy(model_args.model_name_or_path, policy)
+            reference = plain_policy(model_args.model_name_or_path)
+        trained = write_heldout(
+            policy,
+            reference,
             tokenizer,
             script_args,
             training_args.output_dir,

@@ -128,7 +128,13 @@ def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_p
     def finish(method, lr, gold):
         d = tune / f"{method}__lr{lr}__s100"
         d.mkdir(parents=True)
-        result = {"iterations": [325], "expected_iterations": [325], "gold": gold, "reward": 2.0, "kl_ref": 0.1}
+        result = {
+            "iterations": [325],
+            "expected_iterations": [325],
+            "gold": gold,
+            "reward": 2.0,
+            "kl_ref": 0.1,
+        }
         (d / "validation.json").write_text(json.dumps(result))
 
     for lr, gold in {"5e-5": 2.0, "1e-4": 1.5, "2e-4": 1.0}.items():  # rgpo: best at the lowest rate
@@ -139,14 +145,18 @@ def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_p
         finish("grpo", lr, gold)
     runs = {r.name for r in rlhf_suite.SUITE_BUILDERS["v3/tune"](str(tmp_path))}
     assert "rgpo__lr2.5e-5__s100" in runs and "rgpo__lr4e-4__s100" not in runs
-    assert not any(n.startswith(("ppo__lr2.5e-5", "ppo__lr4e-4", "grpo__lr2.5e-5", "grpo__lr4e-4")) for n in runs)
+    assert not any(
+        n.startswith(("ppo__lr2.5e-5", "ppo__lr4e-4", "grpo__lr2.5e-5", "grpo__lr4e-4")) for n in runs
+    )
     assert len(runs) == 21 + 1
     # the v2 suite never extends
     assert len(rlhf_suite.SUITE_BUILDERS["tune"](str(tmp_path / "v3"))) == 21
     rlhf_select.main([str(tune)])
     selection = json.load(open(tune / "selection.json"))
     assert selection["methods"]["rgpo"]["selected_lr"] is None  # the extension has not run
-    assert selection["methods"]["ppo"]["selected_lr"] == "1e-4" and selection["methods"]["ppo"]["edge"] is None
+    assert (
+        selection["methods"]["ppo"]["selected_lr"] == "1e-4" and selection["methods"]["ppo"]["edge"] is None
+    )
     finish("rgpo", "2.5e-5", 2.5)  # still best at the new edge: selected there, said so, no second extension
     assert len(rlhf_suite.SUITE_BUILDERS["v3/tune"](str(tmp_path))) == 22
     rlhf_select.main([str(tune)])

@@ -234,7 +234,10 @@ class InProcessRolloutWorker:
     def _encode_prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return list(self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+        encoded = self.tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(encoded["input_ids"])
 
     @torch.no_grad()
     def _generate_step(self, version: int) -> tuple[list[Any], dict[str, float]]:
