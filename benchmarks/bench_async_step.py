@@ -78,11 +78,19 @@ class FixedStreamWorker:
     def _fill(self):
         while self.filled < self.version + 2:
             for i, (ids, advantage, logp) in enumerate(self.steps[self.filled % len(self.steps)]):
-                self.rollout_buffer.put(RolloutSample(
-                    prompt=[], completion=[], input_ids=ids.astype(np.int64),
-                    completion_mask=np.array([0] * PROMPT + [1] * COMPLETION),
-                    old_log_probs=np.full(PROMPT + COMPLETION, logp, dtype=np.float32), advantage=advantage,
-                    model_version=self.version, group_id=self.filled * PER_STEP + i, metrics={}))  # fmt: skip
+                self.rollout_buffer.put(
+                    RolloutSample(
+                        prompt=[],
+                        completion=[],
+                        input_ids=ids.astype(np.int64),
+                        completion_mask=np.array([0] * PROMPT + [1] * COMPLETION),
+                        old_log_probs=np.full(PROMPT + COMPLETION, logp, dtype=np.float32),
+                        advantage=advantage,
+                        model_version=self.version,
+                        group_id=self.filled * PER_STEP + i,
+                        metrics={},
+                    )
+                )
             self.filled += 1
 
     def start(self):
@@ -118,18 +126,38 @@ class NoTransfer:
 
 
 def build(kind: str, model_dir: str, out: str, steps: int):
-    common = dict(output_dir=out, use_cpu=True, bf16=False, report_to="none", max_steps=steps,
-                  per_device_train_batch_size=PER_STEP // 2, gradient_accumulation_steps=2, num_generations=4,
-                  max_completion_length=COMPLETION, token_budget=0, gradient_checkpointing=False, logging_steps=1,
-                  save_strategy="no", learning_rate=1e-4, disable_tqdm=True, max_staleness=4)  # fmt: skip
+    common = dict(
+        output_dir=out,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        max_steps=steps,
+        per_device_train_batch_size=PER_STEP // 2,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_completion_length=COMPLETION,
+        token_budget=0,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-4,
+        disable_tqdm=True,
+        max_staleness=4,
+    )
     if kind == "grpo":
         args, cls = AsyncGRPOConfig(**common), AsyncGRPOTrainer
     else:
         mode = {"rgpo_old": dict(ratio_mode="old", beta=0.0), "rgpo_dual": dict(ratio_mode="dual", beta=0.05)}
         args, cls = AsyncRGPOConfig(**common, **mode[kind]), AsyncRGPOTrainer
     worker = FixedStreamWorker(len(tiny_tokenizer()))
-    trainer = cls(model_dir, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer(),
-                  rollout_worker=worker, weight_transfer=NoTransfer())  # fmt: skip
+    trainer = cls(
+        model_dir,
+        args=args,
+        train_dataset=tiny_dataset(),
+        processing_class=tiny_tokenizer(),
+        rollout_worker=worker,
+        weight_transfer=NoTransfer(),
+    )
     trainer.remove_callback(PrinterCallback)
     return trainer
 
@@ -186,8 +214,10 @@ def main() -> None:
         for k, v in ratios.items()
     }
     step_s = {k: statistics.median(by[(i, k)] for i in range(args.repeats)) for k in KINDS}
-    command = (f"OMP_NUM_THREADS={args.threads} python benchmarks/bench_async_step.py --repeats {args.repeats} "
-               f"--steps {args.steps} --hidden {args.hidden} --threads {args.threads}")  # fmt: skip
+    command = (
+        f"OMP_NUM_THREADS={args.threads} python benchmarks/bench_async_step.py --repeats {args.repeats} "
+        f"--steps {args.steps} --hidden {args.hidden} --threads {args.threads}"
+    )
     info = {
         "command": command,
         "summary": summary,
@@ -201,7 +231,7 @@ def main() -> None:
             "steps_per_run": args.steps,
             "warmup_steps_discarded": warmup,
             "repeats": args.repeats,
-        },  # fmt: skip
+        },
         "env": {
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -210,7 +240,7 @@ def main() -> None:
             "machine": platform.platform(),
             "cpu_count": os.cpu_count(),
             "load_average_at_end": os.getloadavg(),
-        },  # fmt: skip
+        },
     }
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "async_step.json", "w") as f:
@@ -230,11 +260,15 @@ def main() -> None:
         "|---|---|---|---|---|",
         f"| AsyncGRPOTrainer (PPO clip) | {step_s['grpo']:.4f} | 1 | | |",
     ]
-    for k, label in (("rgpo_old", "AsyncRGPOTrainer, ratio_mode old, beta 0"),
-                     ("rgpo_dual", "AsyncRGPOTrainer, ratio_mode dual, beta 0.05 (+ reference forward)")):  # fmt: skip
+    for k, label in (
+        ("rgpo_old", "AsyncRGPOTrainer, ratio_mode old, beta 0"),
+        ("rgpo_dual", "AsyncRGPOTrainer, ratio_mode dual, beta 0.05 (+ reference forward)"),
+    ):
         s = summary[k]
-        lines.append(f"| {label} | {step_s[k]:.4f} | {s['ratio_median']:.3f} | {s['ratio_min']:.3f} | "
-                     f"{s['ratio_max']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {step_s[k]:.4f} | {s['ratio_median']:.3f} | {s['ratio_min']:.3f} | "
+            f"{s['ratio_max']:.3f} |"
+        )
     text = "\n".join(lines) + "\n"
     (args.out / "async_step.md").write_text(text)
     print(text)

@@ -409,8 +409,11 @@ def model_config_without(names: set[str]):
 
     from trl import ModelConfig
 
-    kept = [(f.name, f.type, field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
-            for f in fields(ModelConfig) if f.name not in names]  # fmt: skip
+    kept = [
+        (f.name, f.type, field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+        for f in fields(ModelConfig)
+        if f.name not in names
+    ]
     return make_dataclass("ModelConfig", kept, namespace={"__post_init__": ModelConfig.__post_init__})
 
 
@@ -420,8 +423,12 @@ def make_parser(config_class, model_config=None):
 
     usage = ("accelerate launch [--config_file recipes/accelerate_configs/<launch>.yaml] recipes/hh_rlhf_qwen.py "
              "--config recipes/configs/hh_rlhf_<preset>.yaml [--method METHOD] [--<field> VALUE ...]")  # fmt: skip
-    return TrlParser((HHScriptArguments, config_class, model_config or ModelConfig), usage=usage,
-                     description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    return TrlParser(
+        (HHScriptArguments, config_class, model_config or ModelConfig),
+        usage=usage,
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def refuse_offline_push(training_args) -> None:
@@ -707,8 +714,15 @@ def build_async_trainer(
     workers = {}
     if rollout == "in_process":
         install_cpu_shims()
-        worker = InProcessRolloutWorker(model_args.model_name_or_path, tokenizer, dataset, reward_funcs,
-                                        training_args, reward_weights=reward_weights, lag=script_args.rollout_lag)  # fmt: skip
+        worker = InProcessRolloutWorker(
+            model_args.model_name_or_path,
+            tokenizer,
+            dataset,
+            reward_funcs,
+            training_args,
+            reward_weights=reward_weights,
+            lag=script_args.rollout_lag,
+        )
         workers = {"rollout_worker": worker, "weight_transfer": InProcessWeightTransfer(worker)}
     elif importlib.util.find_spec("vllm") is None:
         raise UsageError(

@@ -116,9 +116,12 @@ def test_packed_tree_forward_equals_a_plain_forward(model_path):
     tree["tree_max_seqlen_q"], tree["tree_max_seqlen_k"] = batch["tree_max_seqlens"][0].tolist()
     with torch.no_grad():
         out = packed_model(
-            input_ids=batch["input_ids"], position_ids=batch["position_ids"], shift_labels=batch["shift_labels"],
-            fused_lm_head=True, **tree,
-        )  # fmt: skip
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            shift_labels=batch["shift_labels"],
+            fused_lm_head=True,
+            **tree,
+        )
     packed = out.log_probs.flatten()[batch["token_index"][selected]]
     expected = []
     for ids in samples:
@@ -160,9 +163,15 @@ def test_loss_equals_the_closed_form_on_a_packed_batch(model_path, tmp_path, mod
         old = np.concatenate([[0.0], logps.numpy() + rng.normal(0, 0.3, size=len(ids) - 1)]).astype(
             np.float32
         )
-        sample = {"input_ids": np.array(ids), "completion_mask": np.array([0] * 3 + [1] * (len(ids) - 3)),
-                  "old_log_probs": old, "advantage": float(rng.normal()), "group_id": 0, "metrics": {},
-                  "model_version": 0}  # fmt: skip
+        sample = {
+            "input_ids": np.array(ids),
+            "completion_mask": np.array([0] * 3 + [1] * (len(ids) - 3)),
+            "old_log_probs": old,
+            "advantage": float(rng.normal()),
+            "group_id": 0,
+            "metrics": {},
+            "model_version": 0,
+        }
         samples.append((ids, logps, sample))
         row.add(sample)
     batch = VersionedCollator(pad_token_id=0, num_processes=1).torch_call([[row]])
@@ -263,11 +272,19 @@ class _StaleStubWorker:
         for version, n in ((-10, 4), (self.version, 16)):
             for i in range(n):
                 ids = np.array([5, 6, 7, 8, 9 + i % 4, 10], dtype=np.int64)
-                self.rollout_buffer.put(RolloutSample(
-                    prompt=[], completion=[], input_ids=ids, completion_mask=np.array([0, 0, 0, 1, 1, 1]),
-                    old_log_probs=np.full(6, -3.0, dtype=np.float32), advantage=float(i % 4) - 1.5,
-                    model_version=version, group_id=100 * self.version + i // 4 + (1000 if version < 0 else 0),
-                    metrics={}))  # fmt: skip
+                self.rollout_buffer.put(
+                    RolloutSample(
+                        prompt=[],
+                        completion=[],
+                        input_ids=ids,
+                        completion_mask=np.array([0, 0, 0, 1, 1, 1]),
+                        old_log_probs=np.full(6, -3.0, dtype=np.float32),
+                        advantage=float(i % 4) - 1.5,
+                        model_version=version,
+                        group_id=100 * self.version + i // 4 + (1000 if version < 0 else 0),
+                        metrics={},
+                    )
+                )
             self.dropped += n if version < 0 else 0
 
     def start(self):
@@ -287,8 +304,14 @@ class _StaleStubWorker:
 def test_samples_older_than_max_staleness_are_dropped_counted_and_never_trained(model_path, tmp_path):
     stub = _StaleStubWorker()
     args = config(tmp_path, max_steps=3, max_staleness=1)
-    trainer = AsyncRGPOTrainer(model_path, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer(),
-                               rollout_worker=stub, weight_transfer=InProcessWeightTransfer(_Sink()))  # fmt: skip
+    trainer = AsyncRGPOTrainer(
+        model_path,
+        args=args,
+        train_dataset=tiny_dataset(),
+        processing_class=tiny_tokenizer(),
+        rollout_worker=stub,
+        weight_transfer=InProcessWeightTransfer(_Sink()),
+    )
     trainer.train()
     logs = step_logs(trainer)
     assert sum(log.get("sample/dropped_stale_total", 0) for log in logs) >= 8

@@ -2,7 +2,7 @@
 
     python -m pytest -m gpu tests/test_gpu.py        # or: bash benchmarks/run_gpu_tests.sh
 
-A few optimizer steps of RGPOTrainer (dual ratio, adaptive KL) and of PPORLHFTrainer on the tiny policy, on the
+A few optimizer steps of RGPOTrainer (dual ratio, adaptive KL), PPORLHFTrainer and AsyncRGPOTrainer on the tiny policy, on the
 GPU, in bf16: the parameters move, the loss and every logged metric are finite, and the model sits on the GPU."""
 
 from __future__ import annotations
@@ -60,3 +60,47 @@ def test_ppo_rlhf_trainer_trains_in_bf16_on_cuda(model_path, tmp_path):
     before = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
     trainer.train()
     _check(trainer, before)
+
+
+def test_async_rgpo_trainer_trains_in_bf16_on_cuda(model_path, tmp_path):
+    """AsyncRGPOTrainer with the in-process worker at lag 1, dual ratio; the packed attention through SDPA
+    (`install_cpu_shims(force=True)`: TRL's flash-attention kernel would be fetched from the hub)."""
+    from rgpo_trl.async_rgpo import (
+        AsyncRGPOConfig,
+        AsyncRGPOTrainer,
+        InProcessRolloutWorker,
+        InProcessWeightTransfer,
+        install_cpu_shims,
+    )
+
+    install_cpu_shims(force=True)
+    args = AsyncRGPOConfig(
+        output_dir=str(tmp_path),
+        bf16=True,
+        report_to="none",
+        max_steps=4,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_completion_length=8,
+        token_budget=0,
+        logging_steps=1,
+        save_strategy="no",
+        ratio_mode="dual",
+        beta=0.05,
+        max_staleness=2,
+    )
+    worker = InProcessRolloutWorker(model_path, tiny_tokenizer(), tiny_dataset(), [vowel_reward], args, lag=1)
+    trainer = AsyncRGPOTrainer(
+        model_path,
+        args=args,
+        train_dataset=tiny_dataset(),
+        processing_class=tiny_tokenizer(),
+        rollout_worker=worker,
+        weight_transfer=InProcessWeightTransfer(worker),
+    )
+    before = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    _check(trainer, before)
+    logged = set().union(*(e.keys() for e in trainer.state.log_history))
+    assert {"rgpo/gate_mean", "rgpo/kl_coef", "staleness/max", "rgpo/kl_ref"} <= logged

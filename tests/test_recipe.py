@@ -391,8 +391,13 @@ def test_v2_preset_keeps_world_v2_and_v3_preset_names_its_splits():
 def test_tiny_async_run_shows_staleness_and_for_rgpo_the_gate(tmp_path, quick_assets, method):
     """--trainer async on CPU: TRL's asynchronous trainer with the in-process worker at a controlled lag of 2; the
     metrics show samples 2 versions old and, for RGPO, the gate's statistics by staleness and the controller."""
-    argv = _tiny_argv(quick_assets, tmp_path, method, iterations=5,
-                      extra=("--trainer", "async", "--max_staleness", "4", "--rollout_lag", "2"))  # fmt: skip
+    argv = _tiny_argv(
+        quick_assets,
+        tmp_path,
+        method,
+        iterations=5,
+        extra=("--trainer", "async", "--max_staleness", "4", "--rollout_lag", "2"),
+    )
     summary = recipe.main(argv)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and [r["iteration"] for r in rows] == [1, 2, 3, 4, 5]
@@ -423,6 +428,17 @@ def test_tiny_async_run_shows_staleness_and_for_rgpo_the_gate(tmp_path, quick_as
 )
 def test_async_bad_input_is_refused_by_name(tmp_path, flags, needle):
     with pytest.raises((ValueError, SystemExit)) as info:
-        recipe.parse_args(["--config", str(ROOT / "recipes/configs/hh_rlhf_tiny.yaml"), "--trainer", "async",
-                           "--output_dir", str(tmp_path), *flags], check_hub=False, resolve_assets=False)  # fmt: skip
+        recipe.parse_args(
+            [
+                "--config",
+                str(ROOT / "recipes/configs/hh_rlhf_tiny.yaml"),
+                "--trainer",
+                "async",
+                "--output_dir",
+                str(tmp_path),
+                *flags,
+            ],
+            check_hub=False,
+            resolve_assets=False,
+        )
     assert needle in str(info.value)

@@ -58,10 +58,11 @@ def flash_attn_varlen_func(
 _KERNEL = types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func)
 
 
-def install_cpu_shims() -> bool:
-    """Replace the CUDA-only attention kernel and FLOPs probe of TRL's async trainer when no GPU is available.
-    Idempotent; returns whether the shims are (now) installed."""
-    if torch.cuda.is_available():
+def install_cpu_shims(force: bool = False) -> bool:
+    """Replace the CUDA-only attention kernel and FLOPs probe of TRL's async trainer when no GPU is available (or,
+    with ``force``, also on a GPU: the SDPA attention needs no kernel from the hub). Idempotent; returns whether the
+    shims are (now) installed."""
+    if torch.cuda.is_available() and not force:
         return False
     from trl.experimental.async_grpo import async_grpo_trainer, packing
 

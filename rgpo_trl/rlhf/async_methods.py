@@ -45,13 +45,13 @@ _RGPO = {"gate": "sigmoid", "gate_params": {"k": 5.0}, "beta": 0.05}
 ASYNC_METHODS = {
     "rgpo": AsyncRLHFMethod(
         "rgpo", AsyncRGPOTrainer, AsyncRGPOConfig, {**_RGPO, "ratio_mode": "dual"}, ASYNC_RGPO_METRICS
-    ),  # fmt: skip
+    ),
     "rgpo_old": AsyncRLHFMethod(
         "rgpo_old", AsyncRGPOTrainer, AsyncRGPOConfig, {**_RGPO, "ratio_mode": "old"}, ASYNC_RGPO_METRICS
-    ),  # fmt: skip
+    ),
     "grpo": AsyncRLHFMethod(
         "grpo", AsyncGRPOTrainer, AsyncGRPOConfig, {"epsilon": 0.2}, {"staleness": "sample/staleness_mean"}
-    ),  # fmt: skip
+    ),
 }
 
 
