@@ -1,16 +1,18 @@
 """Optimizer-step time of AsyncRGPOTrainer vs TRL's AsyncGRPOTrainer on the same tiny model (not a test).
 
-Both trainers read the same fixed stream of samples from a stub rollout worker (no generation thread competing for
-the CPU, the same token counts for every trainer): before each optimizer step the worker queues the next step's
-samples, 16 completions of 24 tokens after a 12-token prompt (gradient_accumulation_steps 2, 8 per micro-batch),
-with behaviour log-probs 0.1 nat off the initial policy's so that ratios are not 1. Three trainers, run alternately
-(the order rotates each repeat), each repeat a fresh trainer for a few optimizer steps, the first two discarded:
+Both trainers read the same fixed stream of samples from a stub rollout worker (no generation thread competing
+for the CPU, the same token counts for every trainer): before each optimizer step the worker queues the next
+step's samples, 16 completions of 24 tokens after a 12-token prompt (gradient_accumulation_steps 2, 8 per
+micro-batch), with behaviour log-probs 0.1 nat off the initial policy's so that ratios are not 1. Three
+trainers, run alternately (the order rotates each repeat), each repeat a fresh trainer for a few optimizer
+steps, the first two discarded:
 - ``grpo``: AsyncGRPOTrainer (PPO clip against the behaviour policy, no reference);
-- ``rgpo_old``: AsyncRGPOTrainer with the gate on pi / pi_behaviour and beta = 0 (the same forward passes as grpo);
+- ``rgpo_old``: AsyncRGPOTrainer with the gate on pi / pi_behaviour and beta = 0 (the same forward passes as
+  grpo);
 - ``rgpo_dual``: AsyncRGPOTrainer, dual ratio with beta_ref = 0.05 (one more forward: the frozen reference).
 
-Reported: the median over repeats of the ratio of mean optimizer-step times (the trainer's own training_step calls
-of one step: forward, loss, backward; and the optimizer), against grpo. Writes
+Reported: the median over repeats of the ratio of mean optimizer-step times (the trainer's own training_step
+calls of one step: forward, loss, backward; and the optimizer), against grpo. Writes
 ``benchmarks/results/async_step.{csv,json,md}``.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_async_step.py --repeats 8 --steps 8
@@ -56,8 +58,8 @@ PROMPT, COMPLETION, PER_STEP = 12, 24, 16
 
 
 class FixedStreamWorker:
-    """`RolloutWorkerProtocol` that queues the same pseudo-random step of samples before every optimizer step (two
-    steps ahead: TRL's loader reads one micro-batch ahead)."""
+    """`RolloutWorkerProtocol` that queues the same pseudo-random step of samples before every optimizer step
+    (two steps ahead: TRL's loader reads one micro-batch ahead)."""
 
     def __init__(self, vocab: int):
         rng = np.random.default_rng(0)
@@ -252,9 +254,9 @@ def main() -> None:
     lines = [
         "# AsyncRGPOTrainer vs AsyncGRPOTrainer: optimizer-step time",
         "",
-        f"`{command}` (TRL {trl.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs, load average at "
-        f"the end {os.getloadavg()[0]:.2f}). Same fixed sample stream for every trainer; run alternately; the "
-        "ratio is per repeat, then the median.",
+        f"`{command}` (TRL {trl.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
+        f"at the end {os.getloadavg()[0]:.2f}). Same fixed sample stream for every trainer; run alternately; "
+        "the ratio is per repeat, then the median.",
         "",
         "| trainer | median step time (s) | ratio to AsyncGRPO (median) | min | max |",
         "|---|---|---|---|---|",

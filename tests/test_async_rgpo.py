@@ -81,10 +81,10 @@ def step_logs(trainer) -> list[dict]:
     return [h for h in trainer.state.log_history if "loss" in h]
 
 
-# ---------------------------------------------------------------------------------------------------- CPU shims
+# ------------------------------------------------------------------------------------------------ CPU shims
 def test_packed_tree_forward_equals_a_plain_forward(model_path):
-    """Two samples sharing a prompt, packed into TRL's prefix tree and run through the CPU attention, give each
-    token the log-prob a plain forward of that sample gives (temperature-scaled, as TRL's fused head)."""
+    """Two samples sharing a prompt, packed into TRL's prefix tree and run through the CPU attention, give
+    each token the log-prob a plain forward of that sample gives (temperature-scaled, as TRL's fused head)."""
     from transformers import AutoModelForCausalLM
     from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
     from trl.experimental.async_grpo.packing import TREE_ATTENTION, TreeRow, register_tree_attention
@@ -136,12 +136,12 @@ def test_packed_tree_forward_equals_a_plain_forward(model_path):
     assert batch["tree_cu_seqlens_q"].max() < sum(map(len, samples))  # the shared prompt was packed once
 
 
-# ---------------------------------------------------------------------------------------------------- the loss
+# ------------------------------------------------------------------------------------------------ the loss
 @pytest.mark.parametrize("mode", ["old", "dual"])
 def test_loss_equals_the_closed_form_on_a_packed_batch(model_path, tmp_path, mode):
     """compute_loss on a packed micro-batch equals the RGPO loss written out in float64 from a plain forward:
-    sum over trained tokens of -sigmoid(k (r - 1)) A + kl_coef (r - 1 - log r) [+ beta k3(r_ref)], divided by the
-    trained tokens and the accumulation steps; in dual mode the gate sees max(r, r_ref)."""
+    sum over trained tokens of -sigmoid(k (r - 1)) A + kl_coef (r - 1 - log r) [+ beta k3(r_ref)], divided by
+    the trained tokens and the accumulation steps; in dual mode the gate sees max(r, r_ref)."""
     from transformers import AutoModelForCausalLM
     from trl.experimental.async_grpo.packing import TreeRow
 
@@ -197,7 +197,7 @@ def test_loss_equals_the_closed_form_on_a_packed_batch(model_path, tmp_path, mod
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())
 
 
-# ---------------------------------------------------------------------------------------------------- end to end
+# ------------------------------------------------------------------------------------------------ end to end
 def test_controlled_lag_gives_exact_staleness_and_the_gate_acts(model_path, tmp_path):
     """With lag 2 every trained token of step s is min(s - 1, 2) versions behind; at step 1 (staleness 0) the
     worker's behaviour log-probs equal the trainer's packed forward, so r == 1; the KL coefficient follows the
@@ -228,7 +228,7 @@ def test_free_running_worker_trains_and_reports_staleness(model_path, tmp_path):
     assert len(logs) == 3 and all(0 <= log["staleness/max"] <= 4 for log in logs)
 
 
-# ---------------------------------------------------------------------------------------------------- faults
+# ------------------------------------------------------------------------------------------------ faults
 def test_a_reward_function_that_raises_stops_training_with_the_workers_name(model_path, tmp_path):
     def broken(completions, **kwargs):
         raise ZeroDivisionError("reward model crashed")
@@ -255,8 +255,8 @@ def test_a_hanging_worker_stops_training_instead_of_hanging(model_path, tmp_path
 
 
 class _StaleStubWorker:
-    """Puts 4 samples of version -10 (too old) before every fresh batch of 16 (two steps' worth: TRL's loader reads
-    one micro-batch ahead of the weights it trains)."""
+    """Puts 4 samples of version -10 (too old) before every fresh batch of 16 (two steps' worth: TRL's loader
+    reads one micro-batch ahead of the weights it trains)."""
 
     def __init__(self):
         self.rollout_buffer, self.metrics_queue, self.version, self.dropped = (
@@ -325,7 +325,7 @@ class _Sink:
         pass
 
 
-# ---------------------------------------------------------------------------------------------------- checkpoints
+# ------------------------------------------------------------------------------------------------ checkpoints
 def test_resume_restores_the_controller_and_the_weight_version(model_path, tmp_path):
     args = config(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, kl_target=0.001)
     trainer, _ = trainer_with_worker(model_path, args)
@@ -349,7 +349,7 @@ def test_resume_restores_the_controller_and_the_weight_version(model_path, tmp_p
         broken.train(resume_from_checkpoint=str(checkpoint))
 
 
-# ---------------------------------------------------------------------------------------------------- config
+# ------------------------------------------------------------------------------------------------ config
 def test_settings_it_cannot_honour_are_refused_by_name(model_path, tmp_path):
     with pytest.raises(ValueError, match=r"epsilon=0.3 is not supported by AsyncRGPOTrainer"):
         config(tmp_path, epsilon=0.3)
@@ -375,8 +375,9 @@ def test_settings_it_cannot_honour_are_refused_by_name(model_path, tmp_path):
         AsyncRGPOTrainer(model_path, args=None)
 
 
-# ---------------------------------------------------------------------------------------------------- TRL guard
-MIRRORED = {  # the lines of AsyncGRPOTrainer.compute_loss that AsyncRGPOTrainer._packed_forward mirrors (TRL 1.16)
+# ------------------------------------------------------------------------------------------------ TRL guard
+# the lines of AsyncGRPOTrainer.compute_loss that AsyncRGPOTrainer._packed_forward mirrors (TRL 1.16)
+MIRRORED = {
     ("mask_bool = ", "self._last_forward_time_s = time.time() - forward_start"): "cdca0a3131845613",
     ("n_forward_tokens = float(", "self._step_forward_s += self._last_forward_time_s"): "597640bda32426fd",
 }

@@ -1,13 +1,16 @@
-"""Configuration of `AsyncRGPOTrainer`: TRL's `AsyncGRPOConfig` plus the RGPO gate and KL-to-behaviour controller.
+"""Configuration of `AsyncRGPOTrainer`: TRL's `AsyncGRPOConfig` plus the RGPO gate and KL-to-behaviour
+controller.
 
-In TRL's asynchronous trainer a generation server samples continuously while the trainer consumes samples up to
-``max_staleness`` weight updates old; the sampler's log-probs are the behaviour policy. The RGPO loss replaces its
-PPO clip: per trained token, with r = pi / pi_behaviour (and, in ``dual`` mode, r_ref = pi / pi_ref),
+In TRL's asynchronous trainer a generation server samples continuously while the trainer consumes samples up
+to ``max_staleness`` weight updates old; the sampler's log-probs are the behaviour policy. The RGPO loss
+replaces its PPO clip: per trained token, with r = pi / pi_behaviour (and, in ``dual`` mode, r_ref = pi /
+pi_ref),
 
     -g(r) A + kl_coef * (r_old - 1 - log r_old) + beta * KL_ref(k3)
 
-normalised as TRL normalises its own loss (the micro-batch's trained tokens, then gradient accumulation). The KL
-controller updates once per optimizer step, from the step's token-weighted mean KLhat_old to the behaviour policy.
+normalised as TRL normalises its own loss (the micro-batch's trained tokens, then gradient accumulation). The
+KL controller updates once per optimizer step, from the step's token-weighted mean KLhat_old to the behaviour
+policy.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from ..trainer.config import RGPOLossSettings
 
 # AsyncGRPOConfig fields the RGPO loss does not read, refused when changed (the gate replaces the clip).
 REFUSED_IF_SET = {
-    "epsilon": "the PPO clipping range is not used by the RGPO loss, which gates instead (see `gate`, `gate_params`)",
+    "epsilon": (
+        "the PPO clipping range is not used by the RGPO loss, which gates instead (see `gate`, `gate_params`)"
+    ),
     "epsilon_high": "the PPO upper clipping range is not used by the RGPO loss, which gates instead",
 }
 
@@ -30,17 +35,19 @@ REFUSED_IF_SET = {
 @dataclass
 class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
     r"""
-    Configuration class for [`AsyncRGPOTrainer`]: every parameter of `trl.experimental.async_grpo.AsyncGRPOConfig`
-    (``max_staleness``, ``weight_sync_steps``, the vLLM server, ``token_budget``, ...) plus RGPO's.
+    Configuration class for [`AsyncRGPOTrainer`]: every parameter of
+    `trl.experimental.async_grpo.AsyncGRPOConfig` (``max_staleness``, ``weight_sync_steps``, the vLLM server,
+    ``token_budget``, ...) plus RGPO's.
 
     Parameters (new):
-        gate (`str`, defaults to `"sigmoid"`): acceptance gate g, any name registered with `rgpo_trl.register_gate`.
+        gate (`str`, defaults to `"sigmoid"`): acceptance gate g, any name registered with
+            `rgpo_trl.register_gate`.
         gate_params (`dict` or JSON `str`, defaults to `{}`): the gate's parameters, e.g. `{"k": 5.0}`.
-        ratio_mode (`str`, defaults to `"old"`): `old` gates r = pi / pi_behaviour; `ref` and `dual` (max of the two)
-            need the frozen reference model, loaded when `ratio_mode != "old"` or `beta > 0`.
+        ratio_mode (`str`, defaults to `"old"`): `old` gates r = pi / pi_behaviour; `ref` and `dual` (max of
+            the two) need the frozen reference model, loaded when `ratio_mode != "old"` or `beta > 0`.
         kl_controller (`str`, defaults to `"adaptive"`), kl_coef (`float`, 0.5), kl_target (`float`, 0.02),
-            kl_coef_min (`float`, 0.01), kl_coef_max (`float`, 5.0): the KL-to-behaviour coefficient and its rule,
-            applied once per optimizer step.
+            kl_coef_min (`float`, 0.01), kl_coef_max (`float`, 5.0): the KL-to-behaviour coefficient and its
+            rule, applied once per optimizer step.
         beta (`float`, defaults to `0.0`): fixed KL-to-reference coefficient beta_ref (paper RLHF: 0.05).
     """
 
@@ -50,22 +57,25 @@ class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
         default="sigmoid",
         metadata={
             "help": "Acceptance gate g(r) applied to the importance ratio: any gate registered with "
-            f"rgpo_trl.register_gate. Built in, with their parameters (set them in `gate_params`): {describe_gates()}."
+            "rgpo_trl.register_gate. Built in, with their parameters (set them in `gate_params`): "
+            f"{describe_gates()}."
         },
     )
     gate_params: dict[str, Any] | str | None = field(
         default=None,
         metadata={
-            "help": "Parameters of the gate as a dict or JSON string, e.g. '{\"k\": 10}'. Missing parameters take "
-            "the gate's declared default; unknown names and values outside the declared range are refused."
+            "help": "Parameters of the gate as a dict or JSON string, e.g. '{\"k\": 10}'. Missing "
+            "parameters take the gate's declared default; unknown names and values outside the declared "
+            "range are refused."
         },
     )
     ratio_mode: str = field(
         default="old",
         metadata={
-            "help": "Which importance ratio the gate sees: 'old' = pi/pi_behaviour (the sampler's log-probs), "
-            "'ref' = pi/pi_ref, 'dual' = max(pi/pi_behaviour, pi/pi_ref) per token. 'ref' and 'dual' load a frozen "
-            "copy of the initial model as the reference and run it on the same packed rows.",
+            "help": "Which importance ratio the gate sees: 'old' = pi/pi_behaviour (the sampler's "
+            "log-probs), 'ref' = pi/pi_ref, 'dual' = max(pi/pi_behaviour, pi/pi_ref) per token. 'ref' and "
+            "'dual' load a frozen copy of the initial model as the reference and run it on the same packed "
+            "rows.",
             "choices": list(RATIO_MODES),
         },
     )
@@ -76,9 +86,9 @@ class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
     kl_target: float = field(
         default=0.02,
         metadata={
-            "help": "Target KL to the behaviour policy of the adaptive rule: once per optimizer step, from the "
-            "token-weighted mean of r - 1 - log r over the step's trained tokens on all processes, the coefficient "
-            "doubles if that mean >= 1.5 * kl_target and halves if it is <= kl_target / 1.5."
+            "help": "Target KL to the behaviour policy of the adaptive rule: once per optimizer step, from "
+            "the token-weighted mean of r - 1 - log r over the step's trained tokens on all processes, the "
+            "coefficient doubles if that mean >= 1.5 * kl_target and halves if it is <= kl_target / 1.5."
         },
     )
     kl_coef_min: float = field(default=0.01, metadata={"help": "Lower bound of the adaptive coefficient."})
@@ -86,15 +96,16 @@ class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
     kl_controller: str = field(
         default="adaptive",
         metadata={
-            "help": "Rule for the KL-to-behaviour coefficient, once per optimizer step: 'adaptive' (paper Eq. "
-            "beta_update) or 'fixed'; more with rgpo_trl.register_kl_controller."
+            "help": "Rule for the KL-to-behaviour coefficient, once per optimizer step: 'adaptive' (paper "
+            "Eq. beta_update) or 'fixed'; more with rgpo_trl.register_kl_controller."
         },
     )
     beta: float = field(
         default=0.0,
         metadata={
-            "help": "Fixed coefficient beta_ref of the k3 KL-to-reference penalty (paper RLHF: 0.05). When > 0, or "
-            "with ratio_mode 'ref' / 'dual', a frozen reference model is loaded from the policy's path."
+            "help": "Fixed coefficient beta_ref of the k3 KL-to-reference penalty (paper RLHF: 0.05). "
+            "When > 0, or with ratio_mode 'ref' / 'dual', a frozen reference model is loaded from the "
+            "policy's path."
         },
     )
 

@@ -1,10 +1,11 @@
-"""The two pieces of TRL's asynchronous trainer that only run on CUDA, replaced for CPU runs (tests, the tiny world).
+"""The two pieces of TRL's asynchronous trainer that only run on CUDA, replaced for CPU runs (tests, the tiny
+world).
 
-`trl.experimental.async_grpo` packs each micro-batch into a prefix tree and runs attention with a flash-attention
-kernel fetched from the hub (``kernels``), and its constructor asks ``torch.cuda`` for the device's peak FLOPs.
-`install_cpu_shims` swaps in a per-segment ``scaled_dot_product_attention`` with the kernel's bottom-right causal
-alignment, and a FLOPs probe that returns ``None`` off CUDA (which only turns off TRL's MFU metrics). It does
-nothing when a GPU is present, so GPU runs use TRL's kernel unchanged.
+`trl.experimental.async_grpo` packs each micro-batch into a prefix tree and runs attention with a
+flash-attention kernel fetched from the hub (``kernels``), and its constructor asks ``torch.cuda`` for the
+device's peak FLOPs. `install_cpu_shims` swaps in a per-segment ``scaled_dot_product_attention`` with the
+kernel's bottom-right causal alignment, and a FLOPs probe that returns ``None`` off CUDA (which only turns off
+TRL's MFU metrics). It does nothing when a GPU is present, so GPU runs use TRL's kernel unchanged.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ def flash_attn_varlen_func(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """``flash_attn_varlen_func`` for plain causal attention: one SDPA per segment. ``q`` is ``(Nq, H, D)``, ``k`` /
-    ``v`` ``(Nk, Hkv, D)`` (already gathered along each segment's root-to-segment path); a query attends to the keys
-    up to its own position counted from the end (flash-attention's alignment when a segment has fewer queries than
-    keys)."""
+    """``flash_attn_varlen_func`` for plain causal attention: one SDPA per segment. ``q`` is ``(Nq, H, D)``,
+    ``k`` / ``v`` ``(Nk, Hkv, D)`` (already gathered along each segment's root-to-segment path); a query
+    attends to the keys up to its own position counted from the end (flash-attention's alignment when a
+    segment has fewer queries than keys)."""
     if not causal or tuple(window_size) != (-1, -1) or softcap:
         raise NotImplementedError(
-            "the CPU attention for packed rows covers plain causal attention only (no sliding window, no softcap)"
+            "the CPU attention for packed rows covers plain causal attention only (no sliding window, "
+            "no softcap)"
         )
     out = q.new_empty(q.shape)
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -59,9 +61,9 @@ _KERNEL = types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func)
 
 
 def install_cpu_shims(force: bool = False) -> bool:
-    """Replace the CUDA-only attention kernel and FLOPs probe of TRL's async trainer when no GPU is available (or,
-    with ``force``, also on a GPU: the SDPA attention needs no kernel from the hub). Idempotent; returns whether the
-    shims are (now) installed."""
+    """Replace the CUDA-only attention kernel and FLOPs probe of TRL's async trainer when no GPU is available
+    (or, with ``force``, also on a GPU: the SDPA attention needs no kernel from the hub). Idempotent; returns
+    whether the shims are (now) installed."""
     if torch.cuda.is_available() and not force:
         return False
     from trl.experimental.async_grpo import async_grpo_trainer, packing

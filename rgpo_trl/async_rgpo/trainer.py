@@ -1,15 +1,17 @@
 """`AsyncRGPOTrainer`: the RGPO loss in TRL's asynchronous trainer, where samples are stale.
 
-`trl.experimental.async_grpo.AsyncGRPOTrainer` trains while a generation server samples with older weights; each
-sample carries the sampler's log-probs (the behaviour policy) and the weight version it was generated with, and
-samples more than ``max_staleness`` versions old are dropped. This trainer changes the loss to RGPO's (the gate on
-r = pi / pi_behaviour, or on the dual ratio with a frozen reference, and the KL-to-behaviour penalty whose coefficient
-adapts once per optimizer step) and makes staleness visible: each trained token carries its sample's version into
-the batch, and the gate's statistics are logged split by staleness (0, 1, >= 2 versions behind).
+`trl.experimental.async_grpo.AsyncGRPOTrainer` trains while a generation server samples with older weights;
+each sample carries the sampler's log-probs (the behaviour policy) and the weight version it was generated
+with, and samples more than ``max_staleness`` versions old are dropped. This trainer changes the loss to
+RGPO's (the gate on r = pi / pi_behaviour, or on the dual ratio with a frozen reference, and the
+KL-to-behaviour penalty whose coefficient adapts once per optimizer step) and makes staleness visible: each
+trained token carries its sample's version into the batch, and the gate's statistics are logged split by
+staleness (0, 1, >= 2 versions behind).
 
-Overridden: ``compute_loss`` (its packed forward is TRL's, kept in `_packed_forward`), ``training_step`` (the KL
-controller), ``get_train_dataloader`` (TRL's, with the sample version carried through), checkpoint save and resume
-(controller and weight version). Everything else (packing, the worker protocol, weight sync, logging) is TRL's.
+Overridden: ``compute_loss`` (its packed forward is TRL's, kept in `_packed_forward`), ``training_step`` (the
+KL controller), ``get_train_dataloader`` (TRL's, with the sample version carried through), checkpoint save and
+resume (controller and weight version). Everything else (packing, the worker protocol, weight sync, logging)
+is TRL's.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ STALENESS_BUCKETS = ("0", "1", "2plus")  # weight versions behind: 0, 1, >= 2
 
 
 class _VersionRecordingQueue:
-    """The rollout queue as `RolloutQueueDataset` reads it, remembering the version of the sample it handed out last
-    (the dataset yields each sample right after taking it, or drops it and takes the next)."""
+    """The rollout queue as `RolloutQueueDataset` reads it, remembering the version of the sample it handed
+    out last (the dataset yields each sample right after taking it, or drops it and takes the next)."""
 
     def __init__(self, inner):
         self.inner, self.last_version = inner, None
@@ -93,14 +95,16 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
     """Asynchronous RGPO: `AsyncGRPOTrainer` with the RGPO loss against the behaviour policy.
 
     Same constructor as `trl.experimental.async_grpo.AsyncGRPOTrainer` (``model`` a path; ``rollout_worker`` /
-    ``weight_transfer`` for a custom generation backend, e.g. `InProcessRolloutWorker` on a CPU); ``args`` must be an
-    `AsyncRGPOConfig`. Without a GPU the CUDA-only attention kernel and FLOPs probe are replaced (`install_cpu_shims`).
+    ``weight_transfer`` for a custom generation backend, e.g. `InProcessRolloutWorker` on a CPU); ``args``
+    must be an `AsyncRGPOConfig`. Without a GPU the CUDA-only attention kernel and FLOPs probe are replaced
+    (`install_cpu_shims`).
 
     Extra metrics: ``rgpo/gate_mean``, ``rgpo/rejected_frac`` (g < 0.1), ``rgpo/weight_mean`` (w = g'(r) r),
     ``rgpo/ess``, ``rgpo/kl_old`` (KLhat to the behaviour policy), ``rgpo/kl_coef``, ``rgpo/ratio_old_mean`` /
-    ``_max`` / ``_frac_above_1.2`` / ``_frac_above_2``; with a reference ``rgpo/kl_ref``, ``rgpo/ratio_ref_mean`` /
-    ``_max``; ``staleness/mean`` / ``max`` (versions behind the last published weights, per trained token) and
-    ``rgpo/rejected_frac_staleness{0,1,2plus}``, ``rgpo/weight_mean_staleness{...}``, ``staleness/tokens_{...}``.
+    ``_max`` / ``_frac_above_1.2`` / ``_frac_above_2``; with a reference ``rgpo/kl_ref``,
+    ``rgpo/ratio_ref_mean`` / ``_max``; ``staleness/mean`` / ``max`` (versions behind the last published
+    weights, per trained token) and ``rgpo/rejected_frac_staleness{0,1,2plus}``,
+    ``rgpo/weight_mean_staleness{...}``, ``staleness/tokens_{...}``.
     """
 
     _tag_names = ["trl", "rgpo", "async-grpo"]
@@ -120,15 +124,16 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
     def __init__(self, model: str, reward_funcs=None, args: AsyncRGPOConfig | None = None, **kwargs):
         if not isinstance(args, AsyncRGPOConfig):
             raise TypeError(
-                f"AsyncRGPOTrainer needs an AsyncRGPOConfig (got {type(args).__name__}): the gate, ratio mode and "
-                "KL controller settings live there."
+                f"AsyncRGPOTrainer needs an AsyncRGPOConfig (got {type(args).__name__}): the gate, ratio "
+                "mode and KL controller settings live there."
             )
         if not isinstance(model, str):
             raise TypeError("AsyncRGPOTrainer takes the model as a path or hub id, as AsyncGRPOTrainer does")
         if args.needs_reference and kwargs.get("peft_config") is not None:
             raise ValueError(
-                f"ratio_mode={args.ratio_mode!r} / beta={args.beta} need a reference model, which AsyncRGPOTrainer "
-                "does not build for PEFT yet: use ratio_mode='old' and beta=0 with peft_config"
+                f"ratio_mode={args.ratio_mode!r} / beta={args.beta} need a reference model, which "
+                "AsyncRGPOTrainer does not build for PEFT yet: use ratio_mode='old' and beta=0 with "
+                "peft_config"
             )
         install_cpu_shims()
         super().__init__(model, reward_funcs, args=args, **kwargs)
@@ -141,7 +146,8 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
         self._micro_batches = 0
 
     def _load_reference(self, path: str) -> torch.nn.Module:
-        """A frozen copy of the initial policy, with the same packed attention and fused head as the policy."""
+        """A frozen copy of the initial policy, with the same packed attention and fused head as the
+        policy."""
         kwargs = dict(self.args.model_init_kwargs or {})
         kwargs.setdefault("trust_remote_code", self.args.trust_remote_code)
         kwargs.setdefault("dtype", self.args.dtype)
@@ -151,9 +157,10 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
         trl_async.add_fused_lm_head(ref, temperature=self.temperature, outputs=("log_probs",))
         return ref.eval().requires_grad_(False).to(self.accelerator.device)
 
-    # ------------------------------------------------------------------ data: the sample version travels along
+    # ---------------------------------------------------------------- data: the sample version travels along
     def get_train_dataloader(self):
-        """TRL's data loader, built with `VersionedQueueDataset` and `VersionedCollator` in place of TRL's classes."""
+        """TRL's data loader, built with `VersionedQueueDataset` and `VersionedCollator` in place of TRL's
+        classes."""
         originals = (trl_async.RolloutQueueDataset, trl_async.DataCollatorForRollout)
         trl_async.RolloutQueueDataset, trl_async.DataCollatorForRollout = (
             VersionedQueueDataset,
@@ -173,10 +180,11 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             version = broadcast(version, from_process=0)
         return int(version.item())
 
-    # ------------------------------------------------------------------ loss
+    # ---------------------------------------------------------------- loss
     def _packed_forward(self, model, inputs) -> PackedForward:
-        """AsyncGRPOTrainer.compute_loss's forward of the packed row and its per-step accounting, as in TRL 1.16
-        (mirrored: TRL has no hook between its forward and its loss; a test fails when TRL's code changes)."""
+        """AsyncGRPOTrainer.compute_loss's forward of the packed row and its per-step accounting, as in TRL
+        1.16 (mirrored: TRL has no hook between its forward and its loss; a test fails when TRL's code
+        changes)."""
         mask_bool = inputs["attention_mask"].bool()
         selected = inputs["token_index"] >= 0
         model_inputs = {
@@ -255,8 +263,8 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
 
     @torch.no_grad()
     def _log_rgpo(self, terms, packed: PackedForward) -> None:
-        """Global (all processes) token-weighted statistics of this micro-batch, as (sum, count) pairs that TRL's
-        logger reduces over the logging window; maxima as maxima."""
+        """Global (all processes) token-weighted statistics of this micro-batch, as (sum, count) pairs that
+        TRL's logger reduces over the logging window; maxima as maxima."""
         lr = terms.log_ratios
         g, w, r_old = self.gate.g(lr.gated), self.gate.w(lr.gated), torch.exp(lr.old)
         staleness = (self._published_version() - packed.versions).to(torch.float64)
@@ -323,7 +331,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
                 [totals[keys.index("rgpo/kl_old")].item(), count], dtype=torch.float64
             )
 
-    # ------------------------------------------------------------------ KL controller: once per optimizer step
+    # ---------------------------------------------------------------- KL controller: once per optimizer step
     def training_step(self, model, inputs, num_items_in_batch):
         output = super().training_step(model, inputs, num_items_in_batch)
         self._micro_batches += 1
@@ -336,7 +344,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             self._step_kl.zero_()
         return output
 
-    # ------------------------------------------------------------------ checkpoints
+    # ---------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:

@@ -1,17 +1,20 @@
-"""A rollout worker and a weight transfer that live in the trainer's process: TRL's asynchronous trainer on a CPU.
+"""A rollout worker and a weight transfer that live in the trainer's process: TRL's asynchronous trainer on a
+CPU.
 
-TRL's `AsyncRolloutWorker` talks to a vLLM server in a child process. `InProcessRolloutWorker` implements the same
-`RolloutWorkerProtocol` with a thread that generates with its own copy of the policy through transformers: it takes
-the behaviour log-probs from that copy, scores the completions with the recipe's reward functions, computes group
-advantages as TRL's worker does, and tags each sample with the weight version it was generated with.
-`InProcessWeightTransfer` hands it a copy of the trainer's weights at every sync.
+TRL's `AsyncRolloutWorker` talks to a vLLM server in a child process. `InProcessRolloutWorker` implements the
+same `RolloutWorkerProtocol` with a thread that generates with its own copy of the policy through
+transformers: it takes the behaviour log-probs from that copy, scores the completions with the recipe's reward
+functions, computes group advantages as TRL's worker does, and tags each sample with the weight version it was
+generated with. `InProcessWeightTransfer` hands it a copy of the trainer's weights at every sync.
 
 Two ways to be stale:
 - ``lag=None`` (free running): the thread generates with the newest weights it has, as far ahead as
-  ``max_queued_steps`` optimizer steps of samples; the staleness the trainer sees depends on the machine's speed.
-- ``lag=L`` (controlled): the samples for the optimizer step that trains weight version v are generated with version
-  max(first, v - L) exactly, whatever the speed, so staleness is a setting of the experiment. TRL's data loader
-  fetches one micro-batch ahead, before the weights it would train are published, so ``lag`` starts at 1.
+  ``max_queued_steps`` optimizer steps of samples; the staleness the trainer sees depends on the machine's
+  speed.
+- ``lag=L`` (controlled): the samples for the optimizer step that trains weight version v are generated with
+  version max(first, v - L) exactly, whatever the speed, so staleness is a setting of the experiment. TRL's
+  data loader fetches one micro-batch ahead, before the weights it would train are published, so ``lag``
+  starts at 1.
 """
 
 from __future__ import annotations
@@ -39,12 +42,13 @@ class InProcessRolloutWorker:
     Args:
         model: the policy's path (a fresh copy is loaded for generation) or a model to copy.
         processing_class: the tokenizer (left padding is set on a copy).
-        prompts: a dataset with a ``prompt`` column (text or chat messages), cycled in a seeded order per epoch.
+        prompts: a dataset with a ``prompt`` column (text or chat messages), cycled in a seeded order per
+            epoch.
         reward_funcs: callables ``f(prompts=, completions=, **columns) -> list[float]`` as in TRL.
         args: the trainer's config: ``num_generations``, ``max_completion_length``, ``temperature``,
             ``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``max_staleness``, ``seed``.
-        reward_weights: one weight per reward function (default all 1); a weight of 0 logs a score without training
-            on it (the tiny world's gold).
+        reward_weights: one weight per reward function (default all 1); a weight of 0 logs a score without
+            training on it (the tiny world's gold).
         lag: ``None`` (free running) or the controlled lag L >= 1, at most ``args.max_staleness``.
         max_queued_steps: free running: optimizer steps of samples the thread may generate ahead.
     """
@@ -67,20 +71,21 @@ class InProcessRolloutWorker:
         self.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         if self.samples_per_step % self.num_generations:
             raise ValueError(
-                f"per_device_train_batch_size x gradient_accumulation_steps = {self.samples_per_step} must be a "
-                f"multiple of num_generations = {self.num_generations}: the worker produces whole groups per step"
+                f"per_device_train_batch_size x gradient_accumulation_steps = {self.samples_per_step} must "
+                f"be a multiple of num_generations = {self.num_generations}: the worker produces whole "
+                "groups per step"
             )
         if (args.token_budget or 0) > 0:
             raise ValueError(
-                f"token_budget must be 0 with {WORKER_NAME} (got {args.token_budget}): TRL's token-budget batcher "
-                "waits for a sample that does not fit before it sends a micro-batch, which a worker that generates "
-                "step by step may never send"
+                f"token_budget must be 0 with {WORKER_NAME} (got {args.token_budget}): TRL's token-budget "
+                "batcher waits for a sample that does not fit before it sends a micro-batch, which a worker "
+                "that generates step by step may never send"
             )
         if lag is not None and not (isinstance(lag, int) and 1 <= lag <= args.max_staleness):
             raise ValueError(
-                f"lag must be None (free running) or an integer in [1, max_staleness = {args.max_staleness}], got "
-                f"{lag!r}: samples older than max_staleness are dropped, and TRL's loader reads one micro-batch "
-                "ahead of the weights it trains"
+                "lag must be None (free running) or an integer in [1, max_staleness = "
+                f"{args.max_staleness}], got {lag!r}: samples older than max_staleness are dropped, and "
+                "TRL's loader reads one micro-batch ahead of the weights it trains"
             )
         if max_queued_steps < 1:
             raise ValueError(f"max_queued_steps must be >= 1, got {max_queued_steps}")
@@ -138,7 +143,8 @@ class InProcessRolloutWorker:
             self._thread.join(timeout=10)  # a hung generation is left to die with the process (daemon)
 
     def update_model_version(self, model_version: int) -> None:
-        """The trainer published weight version ``model_version``: label the weights received since the last call."""
+        """The trainer published weight version ``model_version``: label the weights received since the last
+        call."""
         with self._cond:
             if self._pending is not None:
                 self._weights[model_version] = self._pending
@@ -149,8 +155,8 @@ class InProcessRolloutWorker:
             self._cond.notify_all()
 
     def check_health(self, stale_after_s: float) -> None:
-        """Raise `RolloutWorkerError` naming the worker if its thread failed, ended or stopped producing; called by
-        the trainer whenever it has waited for samples (TRL: every 5 s of an empty queue)."""
+        """Raise `RolloutWorkerError` naming the worker if its thread failed, ended or stopped producing;
+        called by the trainer whenever it has waited for samples (TRL: every 5 s of an empty queue)."""
         if self._error is not None:
             raise RolloutWorkerError(f"{WORKER_NAME} failed: {self._error!r}") from self._error
         if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
@@ -166,8 +172,8 @@ class InProcessRolloutWorker:
         silent = time.monotonic() - self._heartbeat
         if silent > stale_after_s:
             raise RolloutWorkerError(
-                f"{WORKER_NAME} produced nothing for {silent:.0f}s (heartbeat_stale_after_s={stale_after_s:g}): "
-                "a generation or a reward function hangs"
+                f"{WORKER_NAME} produced nothing for {silent:.0f}s "
+                f"(heartbeat_stale_after_s={stale_after_s:g}): a generation or a reward function hangs"
             )
 
     # ---------------------------------------------------------------- weights
@@ -309,8 +315,8 @@ class InProcessRolloutWorker:
         return samples, metrics
 
     def _behaviour_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
-        """log pi_behaviour of every token given its prefix (temperature-scaled, as the trainer's fused head), aligned
-        with the tokens (position 0 has none: 0)."""
+        """log pi_behaviour of every token given its prefix (temperature-scaled, as the trainer's fused head),
+        aligned with the tokens (position 0 has none: 0)."""
         width = max(map(len, sequences))
         ids = torch.full((len(sequences), width), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -344,8 +350,8 @@ def _left_padding(tokenizer: Any) -> Any:
 
 
 class InProcessWeightTransfer:
-    """`WeightTransferProtocol` for `InProcessRolloutWorker`: every sync hands the worker a copy of the parameters
-    (TRL streams the live tensors, so they are cloned here)."""
+    """`WeightTransferProtocol` for `InProcessRolloutWorker`: every sync hands the worker a copy of the
+    parameters (TRL streams the live tensors, so they are cloned here)."""
 
     def __init__(self, worker: InProcessRolloutWorker):
         self.worker = worker
