@@ -352,9 +352,13 @@ def _parse_async(argv, first, run_name):
     """`parse_args` for --trainer async: the method's asynchronous trainer config. Preset settings it has no field
     for (num_iterations: no batch reuse; disable_dropout) are listed in ``unused_preset_settings``; an unknown
     command-line option is an error."""
+    import torch
+
     from rgpo_trl.rlhf.async_methods import get_async_method
 
     method = get_async_method(first.method)
+    if first.async_rollout == "auto":
+        first.async_rollout = "vllm" if torch.cuda.is_available() else "in_process"
     if first.rollout_lag is not None and first.async_rollout == "vllm":
         raise ValueError("rollout_lag needs async_rollout='in_process' (a vLLM server generates freely)")
     parser = make_parser(method.config_class, model_config_without({"dtype"}))
@@ -372,6 +376,7 @@ def _parse_async(argv, first, run_name):
     script_args.unused_preset_settings = dict(
         zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True)
     )
+    script_args.async_rollout = first.async_rollout  # resolved above
     model_args.dtype = training_args.dtype  # one --dtype, declared by the trainer config
     lag = script_args.rollout_lag
     if lag is not None and not 1 <= lag <= training_args.max_staleness:
@@ -700,7 +705,6 @@ def build_async_trainer(
     is not installed."""
     import importlib.util
 
-    import torch
     from trl import get_peft_config
 
     from rgpo_trl.async_rgpo import InProcessRolloutWorker, InProcessWeightTransfer, install_cpu_shims
@@ -708,9 +712,13 @@ def build_async_trainer(
     from rgpo_trl.rlhf.async_methods import get_async_method
 
     method = get_async_method(script_args.method)
-    rollout = script_args.async_rollout
-    if rollout == "auto":
-        rollout = "vllm" if torch.cuda.is_available() else "in_process"
+    rollout = script_args.async_rollout  # resolved by the parser: in_process or vllm
+    if rollout == "vllm" and any(w != 1.0 for w in reward_weights):
+        raise UsageError(
+            f"reward weights {reward_weights} with async_rollout='vllm': TRL's vLLM worker adds every reward "
+            "function with weight 1, so the tiny world's gold score (weight 0) would be trained on; use "
+            "--async_rollout in_process"
+        )
     workers = {}
     if rollout == "in_process":
         install_cpu_shims()
@@ -742,16 +750,19 @@ def build_async_trainer(
     return method, trainer
 
 
-def plain_policy(path: str, trained=None):
-    """The policy at ``path`` with standard attention, holding ``trained``'s weights if given: TRL's asynchronous
-    trainer runs packed tree attention, which cannot generate."""
+def plain_policy(path: str, device, trained=None):
+    """The policy at ``path`` in float32 with standard attention, on ``device``, holding ``trained``'s weights if
+    given (a PEFT model's adapter merged in): TRL's asynchronous trainer runs packed tree attention, which cannot
+    generate. Called after training and saving."""
+    import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if trained is not None:
-        model.load_state_dict(trained.state_dict())
-        model.to(trained.device)
-    return model.eval()
+        if hasattr(trained, "merge_and_unload"):  # PEFT: the adapter folded into the base weights
+            trained = trained.merge_and_unload()
+        model.load_state_dict({k: v.float() for k, v in trained.state_dict().items()})
+    return model.to(device).eval()
 
 
 def init_distributed_for_cpu_deepspeed() -> bool:
@@ -931,8 +942,9 @@ def main(argv: list[str] | None = None) -> dict:
             getattr(trainer, "ref_model", None),
         )
         if script_args.trainer == "async":  # packed tree attention cannot generate: plain copies evaluate
-            policy = plain_policy(model_args.model_name_or_path, policy)
-            reference = plain_policy(model_args.model_name_or_path)
+            device = trainer.accelerator.device
+            policy = plain_policy(model_args.model_name_or_path, device, policy)
+            reference = plain_policy(model_args.model_name_or_path, device)
         trained = write_heldout(
             policy,
             reference,

@@ -150,9 +150,16 @@ def test_loss_equals_the_closed_form_on_a_packed_batch(model_path, tmp_path, mod
     beta = 0.05 if mode == "dual" else 0.0
     args = config(tmp_path, ratio_mode=mode, beta=beta, gate_params={"k": 4.0}, kl_coef=0.3)
     trainer, _ = trainer_with_worker(model_path, args)
+    reference = AutoModelForCausalLM.from_pretrained(model_path).double()
+    with torch.no_grad():  # move the policy away from the reference, so that r_ref != 1 and beta * k3 counts
+        generator = torch.Generator().manual_seed(1)
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps  # set by the training loop
-    plain = AutoModelForCausalLM.from_pretrained(model_path).double()
+    plain = AutoModelForCausalLM.from_pretrained(model_path)
+    plain.load_state_dict(trainer.model.state_dict())
+    plain = plain.double()
     rng = np.random.default_rng(0)
     samples, row = [], TreeRow()
     for i in range(4):
@@ -160,6 +167,9 @@ def test_loss_equals_the_closed_form_on_a_packed_batch(model_path, tmp_path, mod
         with torch.no_grad():
             logits = plain(torch.tensor([ids])).logits[0]
         logps = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        with torch.no_grad():
+            ref_logits = reference(torch.tensor([ids])).logits[0]
+        ref_logps = torch.log_softmax(ref_logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
         old = np.concatenate([[0.0], logps.numpy() + rng.normal(0, 0.3, size=len(ids) - 1)]).astype(
             np.float32
         )
@@ -172,23 +182,24 @@ def test_loss_equals_the_closed_form_on_a_packed_batch(model_path, tmp_path, mod
             "metrics": {},
             "model_version": 0,
         }
-        samples.append((ids, logps, sample))
+        samples.append((ref_logps, logps, sample))
         row.add(sample)
     batch = VersionedCollator(pad_token_id=0, num_processes=1).torch_call([[row]])
     loss = trainer.compute_loss(trainer.model, batch)
 
     total, n = 0.0, 0
     k = 4.0
-    for _ids, logps, sample in samples:
+    for ref_logps, logps, sample in samples:
         lp = logps[2:]  # trained tokens: positions 3..
         old = torch.tensor(sample["old_log_probs"][3:], dtype=torch.float64)
         r = torch.exp(lp - old)
-        gated = r
-        if mode == "dual":
-            r_ref = torch.ones_like(r)  # the reference is the initial policy: r_ref = 1 before any update
-            gated = torch.maximum(r, r_ref)
+        r_ref = torch.exp(lp - ref_logps[2:])
+        gated = torch.maximum(r, r_ref) if mode == "dual" else r
         g = 1 / (1 + torch.exp(-k * (gated - 1)))
         per_token = -g * sample["advantage"] + 0.3 * (r - 1 - torch.log(r))
+        if mode == "dual":
+            per_token = per_token + beta * (1 / r_ref - 1 + torch.log(r_ref))  # k3 KL to the reference
+            assert (r_ref - 1).abs().max() > 0.01  # the reference term is not trivially zero
         total += per_token.sum().item()
         n += len(lp)
     expected = total / n / args.gradient_accumulation_steps
@@ -371,6 +382,16 @@ def test_settings_it_cannot_honour_are_refused_by_name(model_path, tmp_path):
         InProcessRolloutWorker(
             model_path, tok, tiny_dataset(), [vowel_reward], config(tmp_path, num_generations=3)
         )
+    with pytest.raises(ValueError, match=r"top_p=0.9 is not supported by InProcessRolloutWorker"):
+        InProcessRolloutWorker(model_path, tok, tiny_dataset(), [vowel_reward], config(tmp_path, top_p=0.9))
+    with pytest.raises(ValueError, match="weight_sync_steps must be 1 with a controlled lag"):
+        InProcessRolloutWorker(
+            model_path, tok, tiny_dataset(), [vowel_reward], config(tmp_path, weight_sync_steps=2), lag=1
+        )
+    with pytest.raises(ValueError, match="token_budget must be 0"):
+        InProcessRolloutWorker(
+            model_path, tok, tiny_dataset(), [vowel_reward], config(tmp_path, token_budget=None)
+        )
     with pytest.raises(TypeError, match="needs an AsyncRGPOConfig"):
         AsyncRGPOTrainer(model_path, args=None)
 
@@ -400,3 +421,14 @@ def test_the_mirrored_trl_code_has_not_changed():
         assert hashlib.sha256(_segment(source, start, end).encode()).hexdigest()[:16] == digest, (start, end)
     loader = inspect.getsource(AsyncGRPOTrainer.get_train_dataloader)
     assert "RolloutQueueDataset(" in loader and "DataCollatorForRollout(" in loader
+
+
+def test_group_advantages_are_trls_and_leave_unscored_samples_out():
+    from rgpo_trl.async_rgpo.worker import _until_eos, group_advantages
+
+    rewards = np.array([1.0, 2.0, 3.0, np.nan, 5.0, 5.0, 5.0, 5.0])
+    adv = group_advantages(rewards, 4)
+    first = np.array([1.0, 2.0, 3.0])
+    assert np.allclose(adv[:3], (first - 2.0) / (first.std() + 1e-8)) and adv[3] == 0.0
+    assert np.allclose(adv[4:], 0.0)  # a group of equal rewards: no signal
+    assert _until_eos([5, 6, 1, 0, 0], [1]) == [5, 6, 1] and _until_eos([5, 0, 6], [1]) == [5, 0, 6]

@@ -383,6 +383,11 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
                 self.model_version = version
                 if self.rollout_worker is not None:
                     self.rollout_worker.update_model_version(version)
+            else:
+                warnings.warn(
+                    f"{path} not found: weight versions restart at 0, so staleness counts from the resume",
+                    stacklevel=2,
+                )
         return super()._inner_training_loop(*args, **kwargs)
 
 

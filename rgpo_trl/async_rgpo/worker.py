@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import GenerationConfig
 
 WORKER_NAME = "InProcessRolloutWorker"
 
@@ -68,14 +69,19 @@ class InProcessRolloutWorker:
         from transformers import AutoModelForCausalLM
 
         self.num_generations = args.num_generations
-        self.samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        # one optimizer step's samples: TRL's fixed-count batcher takes batch x processes per micro-batch
+        self.samples_per_step = (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * max(1, args.world_size)
+        )
         if self.samples_per_step % self.num_generations:
             raise ValueError(
-                f"per_device_train_batch_size x gradient_accumulation_steps = {self.samples_per_step} must "
+                "per_device_train_batch_size x gradient_accumulation_steps x processes = "
+                f"{self.samples_per_step} "
+                "must "
                 f"be a multiple of num_generations = {self.num_generations}: the worker produces whole "
                 "groups per step"
             )
-        if (args.token_budget or 0) > 0:
+        if args.token_budget != 0:
             raise ValueError(
                 f"token_budget must be 0 with {WORKER_NAME} (got {args.token_budget}): TRL's token-budget "
                 "batcher waits for a sample that does not fit before it sends a micro-batch, which a worker "
@@ -87,6 +93,21 @@ class InProcessRolloutWorker:
                 f"{args.max_staleness}], got {lag!r}: samples older than max_staleness are dropped, and "
                 "TRL's loader reads one micro-batch ahead of the weights it trains"
             )
+        if lag is not None and args.weight_sync_steps != 1:
+            raise ValueError(
+                f"weight_sync_steps must be 1 with a controlled lag (got {args.weight_sync_steps}): the lag "
+                "counts "
+                "one published weight version per optimizer step"
+            )
+        sampling = {"top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}
+        for name, neutral in sampling.items():
+            value = getattr(args, name, neutral)
+            if value != neutral and not (name == "top_k" and value in (None, -1)):
+                raise ValueError(
+                    f"{name}={value!r} is not supported by {WORKER_NAME}: it samples from softmax(logits / "
+                    "temperature), the distribution its behaviour log-probs describe; leave "
+                    f"{name} at {neutral!r}"
+                )
         if max_queued_steps < 1:
             raise ValueError(f"max_queued_steps must be >= 1, got {max_queued_steps}")
         if "prompt" not in getattr(prompts, "column_names", []):
@@ -110,6 +131,9 @@ class InProcessRolloutWorker:
 
             self.model = copy.deepcopy(model)
         self.model.eval().requires_grad_(False)
+        eos = self.model.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.eos_token_ids = sorted({*eos, self.tokenizer.eos_token_id} - {None})
         self.rollout_buffer: queue.Queue = queue.Queue()
         self.metrics_queue: queue.Queue = queue.Queue()
         self._weights: dict[int, dict[str, torch.Tensor]] = {}  # version -> parameters (a ring in lag mode)
@@ -254,8 +278,9 @@ class InProcessRolloutWorker:
         prompt_ids = [self._encode_prompt(row["prompt"]) for row in rows]
         tok, g = self.tokenizer, self.num_generations
         batch = tok.pad({"input_ids": prompt_ids}, return_tensors="pt")
-        sequences = self.model.generate(
-            **batch,
+        self._heartbeat = time.monotonic()
+        # a fresh generation config: softmax(logits / T) exactly, whatever the model's own config adds
+        config = GenerationConfig(
             do_sample=True,
             temperature=self.args.temperature,
             top_k=0,
@@ -263,12 +288,12 @@ class InProcessRolloutWorker:
             max_new_tokens=self.args.max_completion_length,
             num_return_sequences=g,
             pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
+            eos_token_id=self.eos_token_ids,
         )
+        sequences = self.model.generate(**batch, generation_config=config)
+        self._heartbeat = time.monotonic()
         width = batch["input_ids"].shape[1]
-        completions = [
-            _until_eos(seq[width:].tolist(), tok.eos_token_id, tok.pad_token_id) for seq in sequences
-        ]
+        completions = [_until_eos(seq[width:].tolist(), self.eos_token_ids) for seq in sequences]
         full = [prompt_ids[i // g] + c for i, c in enumerate(completions)]
         logps = self._behaviour_logprobs(full)
         texts = tok.batch_decode([c for c in completions], skip_special_tokens=True)
@@ -283,11 +308,13 @@ class InProcessRolloutWorker:
             ],
             dtype=np.float64,
         ).reshape(len(self.reward_funcs), len(full))
-        rewards = (np.array(self.reward_weights)[:, None] * np.nan_to_num(scores)).sum(0)
-        advantages = np.zeros_like(rewards)
-        for start in range(0, len(full), g):  # TRL's worker: (r - mean) / (std + 1e-8) within each group
-            group = rewards[start : start + g]
-            advantages[start : start + g] = (group - group.mean()) / (group.std() + 1e-8)
+        self._heartbeat = time.monotonic()
+        weighted = np.array(self.reward_weights)[:, None] * scores
+        # a sample no trained reward function could score (NaN) gets advantage 0 and stays out of its group's
+        # mean and std, as in TRL's worker; functions of weight 0 (logged only) do not count
+        trained = np.array(self.reward_weights) != 0
+        rewards = np.where(np.isnan(weighted[trained]).all(0), np.nan, np.nansum(weighted[trained], 0))
+        advantages = group_advantages(rewards, g)
         samples = []
         for i, ids in enumerate(full):
             n_prompt = len(prompt_ids[i // g])
@@ -332,11 +359,27 @@ class InProcessRolloutWorker:
         return out
 
 
-def _until_eos(tokens: list[int], eos: int, pad: int) -> list[int]:
-    """The completion up to and including its first EOS, without padding."""
-    if eos in tokens:
-        return tokens[: tokens.index(eos) + 1]
-    return [t for t in tokens if t != pad] if pad != eos else tokens
+def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """TRL's worker's advantages: (r - mean) / (std + 1e-8) within each group of ``group_size`` consecutive
+    samples (population std); a NaN reward (nothing could score the sample) gets 0 and stays out of the mean
+    and std."""
+    advantages = np.zeros_like(rewards, dtype=np.float64)
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        scored = ~np.isnan(group)
+        if scored.any():
+            values = group[scored]
+            advantages[start : start + group_size][scored] = (values - values.mean()) / (values.std() + 1e-8)
+    return advantages
+
+
+def _until_eos(tokens: list[int], eos_token_ids: list[int]) -> list[int]:
+    """The completion up to and including its first EOS (the padding after it dropped); one without an EOS
+    ran to the length limit and has no padding: unchanged."""
+    for i, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tokens[: i + 1]
+    return tokens
 
 
 def _left_padding(tokenizer: Any) -> Any:
