@@ -23,7 +23,8 @@ ASYNC_RGPO_METRICS = {
     "kl_old": "rgpo/kl_old",
     "kl_coef": "rgpo/kl_coef",
     "rejected_frac": "rgpo/rejected_frac",
-    "staleness": "staleness/mean",
+    "staleness": "staleness/mean",  # per trained token, at the gradient
+    "staleness_dequeued": "sample/staleness_mean",  # TRL's, when taken from the queue (one micro-batch earlier)
 }
 
 
@@ -50,7 +51,11 @@ ASYNC_METHODS = {
         "rgpo_old", AsyncRGPOTrainer, AsyncRGPOConfig, {**_RGPO, "ratio_mode": "old"}, ASYNC_RGPO_METRICS
     ),
     "grpo": AsyncRLHFMethod(
-        "grpo", AsyncGRPOTrainer, AsyncGRPOConfig, {"epsilon": 0.2}, {"staleness": "sample/staleness_mean"}
+        "grpo",
+        AsyncGRPOTrainer,
+        AsyncGRPOConfig,
+        {"epsilon": 0.2},
+        {"staleness_dequeued": "sample/staleness_mean"},
     ),
 }
 
