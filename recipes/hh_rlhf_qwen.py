@@ -19,8 +19,8 @@ Presets are YAML files in ``recipes/configs/`` passed with ``--config``, as for 
 
 * ``hh_rlhf_tiny_paper.yaml``: the paper's protocol (400 iterations) in the tiny world.
 
-``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo,
-sft); it applies its loss settings over the preset. Precedence: field defaults < method < YAML < command line.
+``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo,
+cispo, dpo, sft); it applies its loss settings over the preset. Precedence: field defaults < method < YAML < command line.
 Any RGPOConfig / GRPOConfig / ModelConfig field can be set. The default output directory is
 ``runs/hh_rlhf_qwen/<preset>-<method>``. Per-iteration metrics go to ``<output_dir>/metrics.jsonl`` (and
 ``metrics.csv``), the window averages the paper reports to ``summary.json``. The console shows a progress bar and
@@ -61,7 +61,8 @@ class HHScriptArguments(ScriptArguments):
     method: str = field(
         default="rgpo",
         metadata={
-            "help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo."
+            "help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, cispo, dpo, "
+            "or sft (no training: the initial policy through the same evaluation)."
         },
     )
     trainer: str = field(
@@ -402,9 +403,10 @@ WORLDS = {"hh", "tiny"}
 DESCRIPTION = """RGPO (and the paper's baselines) on Anthropic HH-RLHF with a pairwise DeBERTa reward model.
 
 Run a preset: --config recipes/configs/hh_rlhf_{tiny,tiny_paper,paper}.yaml; pick the loss with --method (rgpo,
-rgpo_old, ppo, grpo, ppo_clip_kl, sapo, dpo, sft). The recipe's own options come first below, then TRL's
-GRPOConfig / RGPOConfig fields (RGPO's: gate, gate_params, ratio_mode, kl_controller, kl_coef, kl_target,
-kl_coef_min, kl_coef_max, beta) and ModelConfig's (PEFT: --use_peft --lora_r 16)."""
+rgpo_old, ppo, grpo, ppo_clip_kl, sapo, cispo, dpo, sft; rgpo, rgpo_old and grpo also with --trainer async). The
+recipe's own options come first below, then TRL's GRPOConfig / RGPOConfig fields (RGPO's: gate, gate_params,
+ratio_mode, kl_controller, kl_coef, kl_target, kl_coef_min, kl_coef_max, beta) and ModelConfig's (PEFT:
+--use_peft --lora_r 16)."""
 
 
 def model_config_without(names: set[str]):

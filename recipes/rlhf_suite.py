@@ -161,6 +161,85 @@ PAPER_V3 = "recipes/configs/hh_rlhf_tiny_paper_v3.yaml"
 # finished). One extension at most: a method still best at the new edge is selected there and reported as such.
 EDGE_RATES = {**{m: ("2.5e-5", "4e-4") for m in ONLINE}, "dpo": ("3e-6", "3e-4")}
 
+# The staleness study (world v3), fixed and committed before any of its runs. Every method at its v3/tune
+# rate; 400 optimizer steps of 16 completions (6,400 samples, each trained on once) at every level, so levels
+# compare the same training budget; the summary window is optimizer steps 304-400 (iterations 304/S-400/S);
+# test gold and KL_ref from the end-of-run evaluation (64 test prompts x 4 samples); no validation runs.
+# - stale_sync: TRL's steps_per_generation S (one generation batch of 16 S completions serves S optimizer
+#   steps, so step s of a batch trains on samples s - 1 updates old), num_iterations 1.
+# - stale_async: TRL's asynchronous trainer with the in-process worker at a controlled lag L (the samples of
+#   the step that trains version v come from version v - L); L starts at 1 because TRL's loader reads one
+#   micro-batch ahead (the freshest asynchronous setting; S = 1 of stale_sync is the synchronous, on-policy
+#   one); max_staleness max(4, L).
+STALE_STEPS, STALE_WINDOW_START = 400, 304
+STALE_SYNC = {
+    "methods": ("rgpo", "rgpo_old", "grpo", "cispo", "sapo"),
+    "levels": {1: (1, 2, 3), 4: (1, 2, 3), 16: (1, 2, 3, 4, 5)},
+}
+STALE_ASYNC = {
+    "methods": ("rgpo", "rgpo_old", "grpo"),
+    "levels": {1: (1, 2, 3), 2: (1, 2, 3), 8: (1, 2, 3, 4, 5)},
+}
+STALENESS_RULE = """Reading rules of the staleness study, fixed before its first run. Per suite, the stalest
+level (S = 16; L = 8) against the freshest (S = 1; L = 1); the metric is held-out test gold (64 prompts x 4
+samples).
+A. At the stalest level, RGPO against each other method: two-sided Welch on the 5 seeds, Holm over the
+   methods of the suite (4 in stale_sync, 2 in stale_async), both directions; "significant" only after Holm.
+B. Each method's change from the freshest to the stalest level (Welch, 3 vs 5 seeds, Holm over the methods),
+   and RGPO's change against each other method's (the difference of changes, percentile bootstrap over seeds
+   within each cell, 10,000 resamples, two-sided, Holm over the methods).
+C. Matched KL: at each other method's stalest point, RGPO's seed-mean gold interpolated along RGPO's
+   (KL_ref, gold) curve over the suite's levels at that point's KL_ref (only inside RGPO's KL range), 95%
+   percentile-bootstrap interval with seeds resampled within every point (the frontier rule), since a method
+   that moves less can look robust for that reason alone.
+Verdict per other method m: "RGPO is more robust to staleness than m" if A is significant in RGPO's favour
+and C's interval lies above 0; "m is more robust" if A is significant against RGPO and C's interval lies
+below 0; "no difference" if A is not significant and C's interval contains 0; "undecided" otherwise
+(including m's point outside RGPO's KL range). B is reported beside the verdict, not part of it. Whether
+RGPO's gate against pi_old acted is read from rgpo/rejected_frac, rgpo/kl_coef (above its floor) and the
+behaviour-ratio statistics at the stalest level."""
+
+
+def _stale_common(results: str, method: str) -> tuple[str, ...]:
+    """The method's v3-selected rate, the test evaluation, no validation."""
+    lr = selected_rates(results, "v3/")
+    if method not in lr:
+        raise SystemExit(f"{method} has no selected v3 rate yet (results/rlhf/v3/tune/selection.json)")
+    return ("--learning_rate", lr[method], *HELDOUT, "--validation_prompts", "0")
+
+
+def _stale_sync(results: str) -> list[RLHFRun]:
+    runs = []
+    for s, seeds in STALE_SYNC["levels"].items():
+        iterations = STALE_STEPS // s  # one iteration: a generation batch, S optimizer steps
+        window = ("--window_start", str(STALE_WINDOW_START // s), "--window_end", str(iterations))
+        level = (
+            "--num_iterations",
+            "1",
+            "--steps_per_generation",
+            str(s),
+            "--num_rl_iterations",
+            str(iterations),
+        )
+        for seed in seeds:
+            for m in STALE_SYNC["methods"]:
+                extra = (*_stale_common(results, m), *level, *window)
+                runs.append(RLHFRun("v3/stale_sync", m, seed, PAPER_V3, extra, tag=f"S{s}"))
+    return runs
+
+
+def _stale_async(results: str) -> list[RLHFRun]:
+    runs = []
+    for lag, seeds in STALE_ASYNC["levels"].items():
+        window = ("--window_start", str(STALE_WINDOW_START), "--window_end", str(STALE_STEPS))
+        level = ("--trainer", "async", "--rollout_lag", str(lag), "--max_staleness", str(max(4, lag)))
+        for seed in seeds:
+            for m in STALE_ASYNC["methods"]:
+                extra = (*_stale_common(results, m), *level, "--num_rl_iterations", str(STALE_STEPS), *window)
+                runs.append(RLHFRun("v3/stale_async", m, seed, PAPER_V3, extra, tag=f"L{lag}"))
+    return runs
+
+
 # suites built when asked for: the final, frontier and reuse suites read the tuning suite's selection
 SUITE_BUILDERS = {
     "tune": _tune,
@@ -169,6 +248,8 @@ SUITE_BUILDERS = {
     "reuse": _reuse,
     "v3/tune": lambda results: _tune(results, "v3/", PAPER_V3),
     "v3/final": lambda results: _final(results, "v3/", PAPER_V3),
+    "v3/stale_sync": _stale_sync,
+    "v3/stale_async": _stale_async,
 }
 
 DEMO_RATES, DEMO_SEED = ("1e-4", "3e-4", "1e-3"), 1

@@ -442,3 +442,20 @@ def test_async_bad_input_is_refused_by_name(tmp_path, flags, needle):
             resolve_assets=False,
         )
     assert needle in str(info.value)
+
+
+def test_cispo_is_trls_cispo_loss_with_the_shared_reference_penalty(tmp_path):
+    script_args, training_args, _ = recipe.parse_args(
+        [
+            "--config",
+            str(ROOT / "recipes/configs/hh_rlhf_tiny.yaml"),
+            "--method",
+            "cispo",
+            "--output_dir",
+            str(tmp_path),
+        ],
+        check_hub=False,
+        resolve_assets=False,
+    )
+    assert type(training_args).__name__ == "GRPOConfig" and training_args.loss_type == "cispo"
+    assert training_args.epsilon_high == 5.0 and training_args.beta == 0.05

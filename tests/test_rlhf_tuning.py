@@ -167,3 +167,42 @@ def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_p
     text = (tune / "selection.md").read_text()
     assert "| rgpo | 2.5e-5 | 2.500 | 2.000 | 0.100 | **yes** (the lowest rate tried) |" in text
     assert "Grid extended by the edge rule: rgpo." in text
+
+
+def test_staleness_suites_are_fixed_with_one_budget_per_level(tmp_path):
+    """stale_sync: 5 methods x S in {1, 4, 16}, seeds 1-3 / 1-3 / 1-5; stale_async: 3 methods x L in {1, 2, 8};
+    400 optimizer steps at every level, the window on steps 304-400, each method at its v3 rate."""
+    import rlhf_suite
+
+    (tmp_path / "v3" / "tune").mkdir(parents=True)
+    rates = {"rgpo": "5e-5", "rgpo_old": "1e-4", "grpo": "2.5e-5", "cispo": "1e-4", "sapo": "5e-5"}
+    selection = {"methods": {m: {"selected_lr": lr} for m, lr in rates.items()}}
+    (tmp_path / "v3" / "tune" / "selection.json").write_text(json.dumps(selection))
+    sync = rlhf_suite.SUITE_BUILDERS["v3/stale_sync"](str(tmp_path))
+    asyn = rlhf_suite.SUITE_BUILDERS["v3/stale_async"](str(tmp_path))
+    assert len(sync) == 5 * (3 + 3 + 5) and len(asyn) == 3 * (3 + 3 + 5)
+
+    def flag(run, name):
+        return run.extra[run.extra.index(name) + 1]
+
+    for run in sync:
+        s = int(flag(run, "--steps_per_generation"))
+        assert run.tag == f"S{s}" and flag(run, "--num_iterations") == "1"
+        assert int(flag(run, "--num_rl_iterations")) * s == 400  # the same optimizer steps at every S
+        assert int(flag(run, "--window_start")) * s == 304 and int(flag(run, "--window_end")) * s == 400
+        assert flag(run, "--learning_rate") == rates[run.method] and flag(run, "--validation_prompts") == "0"
+    for run in asyn:
+        lag = int(flag(run, "--rollout_lag"))
+        assert (
+            run.tag == f"L{lag}"
+            and flag(run, "--trainer") == "async"
+            and run.method in ("rgpo", "rgpo_old", "grpo")
+        )
+        assert int(flag(run, "--max_staleness")) >= lag and flag(run, "--num_rl_iterations") == "400"
+    assert {r.seed for r in sync if r.tag == "S16"} == {1, 2, 3, 4, 5}
+    assert {r.seed for r in asyn if r.tag == "L8"} == {1, 2, 3, 4, 5}
+    del selection["methods"]["cispo"]
+    (tmp_path / "v3" / "tune" / "selection.json").write_text(json.dumps(selection))
+    with pytest.raises(SystemExit, match="cispo has no selected v3 rate"):
+        rlhf_suite.SUITE_BUILDERS["v3/stale_sync"](str(tmp_path))
+    assert "Verdict per other method" in rlhf_suite.STALENESS_RULE

@@ -15,6 +15,9 @@ rate, ``num_iterations``) comes from the preset, so runs differ only in the poli
 - ``ppo_clip_kl``: PPO's clipped surrogate with a k3 KL-to-reference penalty (beta = 0.05), token-level, on
   GRPO's group-relative advantages (no value model): the stand-in used before ``ppo`` existed.
 - ``sapo``: TRL's SAPO soft gate (``loss_type="sapo"``) with the same beta_ref = 0.05.
+- ``cispo``: TRL's CISPO (``loss_type="cispo"``): the importance weight to pi_old clipped from above at
+  ``epsilon_high`` = 5 (ScaleRL's recommendation, TRL's docs) and stop-gradient, times A log pi; the same
+  beta_ref = 0.05: the off-policy peer of the staleness study.
 - ``dpo``: TRL's DPOTrainer (beta 0.1) on the dataset's chosen/rejected pairs, same initial policy and
   reference; offline, so its reward, gold and KL_ref come from the shared end-of-run evaluation.
 - ``sft``: no training; the initial policy through the same evaluation (KL_ref = 0): the baseline.
@@ -188,6 +191,15 @@ register_rlhf_method(
         GRPOMonitoredTrainer,
         GRPOConfig,
         {"loss_type": "sapo", "beta": 0.05, "use_bias_correction_kl": False},
+    )
+)
+register_rlhf_method(
+    RLHFMethod(
+        "cispo",
+        GRPOMonitoredTrainer,
+        GRPOConfig,
+        {"loss_type": "cispo", "epsilon_high": 5.0, "beta": 0.05, "use_bias_correction_kl": False},
+        {"cispo_clip_ratio": "cispo_clip_ratio"},
     )
 )
 
