@@ -21,6 +21,7 @@ from rlhf_suite import (
     DEMO_SEED,
     EDGE_RATES,
     TUNE_RATES,
+    TUNE_RATES_V3,
     TUNE_SEED,
     RLHFRun,
     read_validation,
@@ -46,7 +47,8 @@ def protocol(tune_dir: str) -> dict:
     if v3:
         criterion += ("; a method best at its grid's lowest (highest) rate gets one run a grid step below (above) "
                       "and is selected over the extended grid, one extension at most")  # fmt: skip
-    return {"rates": TUNE_RATES, "seed": TUNE_SEED, "edges": EDGE_RATES if v3 else {}, "criterion": criterion}
+    rates = TUNE_RATES_V3 if v3 else TUNE_RATES
+    return {"rates": rates, "seed": TUNE_SEED, "edges": EDGE_RATES if v3 else {}, "criterion": criterion}
 
 
 def select(tune_dir: str) -> dict:

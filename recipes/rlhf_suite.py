@@ -125,7 +125,7 @@ def _tune(results: str, world: str = "", config: str = PAPER) -> list[RLHFRun]:
     tune_dir = os.path.join(results, world, "tune")
     return [
         RLHFRun(f"{world}tune", m, TUNE_SEED, config, ("--learning_rate", lr, *VALIDATION), tag=f"lr{lr}")
-        for m, rates in TUNE_RATES.items()
+        for m, rates in (TUNE_RATES_V3 if world == "v3/" else TUNE_RATES).items()
         for lr in tune_grid(tune_dir, m, rates, edges.get(m))
     ]
 
@@ -159,7 +159,10 @@ PAPER_V3 = "recipes/configs/hh_rlhf_tiny_paper_v3.yaml"
 # best grid rate is the grid's lowest (highest) gets one more run a grid step below (above) it, at the tuning seed,
 # and is selected over the extended grid (`python recipes/rlhf_suite.py v3/tune` adds these runs once the grid has
 # finished). One extension at most: a method still best at the new edge is selected there and reported as such.
-EDGE_RATES = {**{m: ("2.5e-5", "4e-4") for m in ONLINE}, "dpo": ("3e-6", "3e-4")}
+EDGE_RATES = {**{m: ("2.5e-5", "4e-4") for m in (*ONLINE, "cispo")}, "dpo": ("3e-6", "3e-4")}
+# cispo (the staleness study's off-policy peer) joins world v3's tuning after its selection was committed: the same
+# grid, seed, rule and edge rule; it is in no final suite.
+TUNE_RATES_V3 = {**{m: TUNE_RATES[m] for m in ONLINE}, "cispo": TUNE_RATES["rgpo"], "dpo": TUNE_RATES["dpo"]}
 
 # The staleness study (world v3), fixed and committed before any of its runs. Every method at its v3/tune
 # rate; 400 optimizer steps of 16 completions (6,400 samples, each trained on once) at every level, so levels

@@ -148,7 +148,7 @@ def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_p
     assert not any(
         n.startswith(("ppo__lr2.5e-5", "ppo__lr4e-4", "grpo__lr2.5e-5", "grpo__lr4e-4")) for n in runs
     )
-    assert len(runs) == 21 + 1
+    assert len(runs) == 24 + 1  # 8 methods (cispo joins v3's tuning) x 3 rates, and the extension
     # the v2 suite never extends
     assert len(rlhf_suite.SUITE_BUILDERS["tune"](str(tmp_path / "v3"))) == 21
     rlhf_select.main([str(tune)])
@@ -158,7 +158,7 @@ def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_p
         selection["methods"]["ppo"]["selected_lr"] == "1e-4" and selection["methods"]["ppo"]["edge"] is None
     )
     finish("rgpo", "2.5e-5", 2.5)  # still best at the new edge: selected there, said so, no second extension
-    assert len(rlhf_suite.SUITE_BUILDERS["v3/tune"](str(tmp_path))) == 22
+    assert len(rlhf_suite.SUITE_BUILDERS["v3/tune"](str(tmp_path))) == 25
     rlhf_select.main([str(tune)])
     selection = json.load(open(tune / "selection.json"))
     rgpo = selection["methods"]["rgpo"]
