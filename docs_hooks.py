@@ -15,6 +15,7 @@ PUBLISHED = [
     "results/rlhf/report/**/*",
     "results/rlhf/*/report/**/*",
     "results/rlhf/tune/selection.*",
+    "results/rlhf/v3/tune/selection.*",
 ]
 
 
@@ -24,6 +25,6 @@ def on_files(files, config):
         for path in sorted(glob.glob(os.path.join(root, pattern), recursive=True)):
             if os.path.isfile(path):
                 rel = os.path.relpath(path, root)
-                files.append(File(rel, src_dir=root, dest_dir=config["site_dir"],
-                                  use_directory_urls=config["use_directory_urls"]))  # fmt: skip
+                site = {"dest_dir": config["site_dir"], "use_directory_urls": config["use_directory_urls"]}
+                files.append(File(rel, src_dir=root, **site))
     return files

@@ -12,20 +12,23 @@ from types import ModuleType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# one torch thread and one compile worker per script run: the A/B benchmarks of the scripts compare one core's work
+# one torch thread and one compile worker per script run: the A/B benchmarks of the scripts compare one core's
+# work
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
 def hopper_args(out: str, iterations: int, compile_: bool) -> list[str]:
-    """A MuJoCo script's arguments for a short, quiet benchmark run: Hopper-v4, seed 1, width 256, ``iterations``
-    rollouts of 2048 steps into ``out``/r, no evaluation."""
-    return ["--env-id", "Hopper-v4", "--seed", "1", "--hidden-size", "256", "--total-timesteps", str(2048 * iterations),
-            "--output-dir", out, "--run-name", "r", "--no-tensorboard", "--no-verbose", "--eval-episodes", "0",
-            *(["--compile"] if compile_ else [])]  # fmt: skip
+    """A MuJoCo script's arguments for a short, quiet benchmark run: Hopper-v4, seed 1, width 256,
+    ``iterations`` rollouts of 2048 steps into ``out``/r, no evaluation."""
+    argv = ["--env-id", "Hopper-v4", "--seed", "1", "--hidden-size", "256"]
+    argv += ["--total-timesteps", str(2048 * iterations), "--output-dir", out, "--run-name", "r"]
+    argv += ["--no-tensorboard", "--no-verbose", "--eval-episodes", "0"]
+    return argv + (["--compile"] if compile_ else [])
 
 
 def load_script(method: str) -> ModuleType:
-    """mujoco_baselines/{method}_continuous_action.py as a module (registered, so dataclasses and pickling work)."""
+    """mujoco_baselines/{method}_continuous_action.py as a module (registered, so dataclasses and pickling
+    work)."""
     name = f"{method}_continuous_action"
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
@@ -61,16 +64,18 @@ def write_outputs(out: str, info: dict, lines: list[str]) -> None:
 
 
 def extract_baseline(ref: str, dest: str) -> tuple[str, str]:
-    """``mujoco_baselines/`` at git ``ref`` extracted into ``dest`` (``git archive``); returns (the ref's commit, the
-    current HEAD's commit), for A/B benchmarks against an earlier version of the scripts."""
+    """``mujoco_baselines/`` at git ``ref`` extracted into ``dest`` (``git archive``); returns (the ref's
+    commit, the current HEAD's commit), for A/B benchmarks against an earlier version of the scripts."""
     import subprocess
 
     def rev(name: str, check: bool) -> str:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", name], capture_output=True, text=True,
-                              check=check).stdout.strip()  # fmt: skip
+        return subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", name], capture_output=True, text=True, check=check
+        ).stdout.strip()
 
     commit, head = rev(ref, True), rev("HEAD", False)
-    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True,
-                             check=True).stdout  # fmt: skip
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
     return commit, head

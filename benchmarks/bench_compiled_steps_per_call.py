@@ -1,12 +1,13 @@
-"""`--compile`'s update with 1, 2, 4 or 8 mini-batch steps per compiled call (CompiledAdamStep.steps_per_call).
+"""`--compile`'s update with 1, 2, 4 or 8 mini-batch steps per compiled call
+(CompiledAdamStep.steps_per_call).
 
     python benchmarks/bench_compiled_steps_per_call.py --out benchmarks/results/compiled_steps_per_call
 
 One epoch of the scripts' update (32 mini-batches of 64 from a 2048-step batch, Hopper-v4 shapes) through
-`CompiledAdamStep.run`, consumed as the scripts consume it (the loss checked, `float(grad_sq)`), for PPO's step
-(actor and critic, gradient statistics) and TRPO's value step (critic only). Every variant starts from the same
-agent and sees the same mini-batches in the same order, one epoch per variant per round in rotating order;
-speed-up = median over rounds of the per-round time ratio to 1 step per call. After the last round the
+`CompiledAdamStep.run`, consumed as the scripts consume it (the loss checked, `float(grad_sq)`), for PPO's
+step (actor and critic, gradient statistics) and TRPO's value step (critic only). Every variant starts from
+the same agent and sees the same mini-batches in the same order, one epoch per variant per round in rotating
+order; speed-up = median over rounds of the per-round time ratio to 1 step per call. After the last round the
 parameters and Adam moments of every variant are compared with 1 step per call bit for bit. Compile time: the
 first epoch's time minus the median epoch.
 """
@@ -29,7 +30,8 @@ def measure(step: str, width: int, rounds: int, T: int = 2048, mb: int = 64) -> 
     from mujoco_baselines.compiled_update import CompiledAdamStep
 
     torch.set_num_threads(1)
-    # dynamo counts the graphs of _pure_steps over all CompiledAdamStep objects of a process (a script has one)
+    # dynamo counts the graphs of _pure_steps over all CompiledAdamStep objects of a process (a script has
+    # one)
     torch._dynamo.config.recompile_limit = 64
     torch.manual_seed(0)
     module = load_script("trpo" if step == "trpo_value" else "ppo")
@@ -114,9 +116,9 @@ def main() -> None:
         f"Command: `{info['command']}`  ",
         f"Machine: {info['machine']}; one torch thread, one process; load average at end "
         f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])}. One epoch = 32 mini-batches of 64 "
-        f"(Hopper-v4 shapes); {a.rounds} rounds, variants in rotating order; speed-up = median of per-round time "
-        "ratios to 1 step per call; bit-identical = parameters and Adam moments after all epochs equal to 1 step "
-        "per call's.",
+        f"(Hopper-v4 shapes); {a.rounds} rounds, variants in rotating order; speed-up = median of per-round "
+        "time ratios to 1 step per call; bit-identical = parameters and Adam moments after all epochs equal "
+        "to 1 step per call's.",
         "",
         "| step | steps per call | ms per step | speed-up | compile s | bit-identical |",
         "|---|---|---|---|---|---|",

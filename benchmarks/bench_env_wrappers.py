@@ -1,4 +1,5 @@
-"""Environment-step cost: the MuJoCo scripts' hand-written env vs gymnasium's own wrappers (as CleanRL uses them).
+"""Environment-step cost: the MuJoCo scripts' hand-written env vs gymnasium's own wrappers (as CleanRL uses
+them).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_env_wrappers.py [--steps 20000] [--rounds 5]
 
@@ -101,32 +102,52 @@ def main() -> None:
                 else:
                     sps[name].append(time_gymnasium(env_id, actions, r))
         med = {k: statistics.median(v) for k, v in sps.items()}
-        results[env_id] = {"sps": sps, "median_sps": med,
-                           "ours_over_raw": med["ours"] / med["raw"],
-                           "gymnasium_over_raw": med["gymnasium"] / med["raw"],
-                           "ours_over_gymnasium": med["ours"] / med["gymnasium"]}  # fmt: skip
+        results[env_id] = {
+            "sps": sps,
+            "median_sps": med,
+            "ours_over_raw": med["ours"] / med["raw"],
+            "gymnasium_over_raw": med["gymnasium"] / med["raw"],
+            "ours_over_gymnasium": med["ours"] / med["gymnasium"],
+        }
         print(env_id, json.dumps(results[env_id]["median_sps"]), flush=True)
     command = " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
-    machine = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-               "gymnasium": gym.__version__, "loadavg_at_end": os.getloadavg()}  # fmt: skip
+    machine = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "gymnasium": gym.__version__,
+        "loadavg_at_end": os.getloadavg(),
+    }
     with open(args.out + ".json", "w") as f:
-        json.dump({"command": command, "machine": machine, "steps": args.steps, "rounds": args.rounds,
-                   "results": results}, f, indent=2)  # fmt: skip
+        json.dump(
+            {
+                "command": command,
+                "machine": machine,
+                "steps": args.steps,
+                "rounds": args.rounds,
+                "results": results,
+            },
+            f,
+            indent=2,
+        )
     lines = [
         "# Environment-step cost: hand-written env vs gymnasium wrappers",
         "",
         f"Command: `OMP_NUM_THREADS=1 {command}`  ",
-        f"{args.steps} random-action steps per variant and round, {args.rounds} interleaved rounds; gymnasium "
-        f"{gym.__version__}, {machine['platform']}, {os.cpu_count()} CPUs (load average at end "
+        f"{args.steps} random-action steps per variant and round, {args.rounds} interleaved rounds; "
+        f"gymnasium {gym.__version__}, {machine['platform']}, {os.cpu_count()} CPUs (load average at end "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}).",
         "",
-        "| env | raw env.step SPS | ours SPS | gymnasium wrappers SPS | ours / raw | wrappers / raw | ours / wrappers |",
+        "| env | raw env.step SPS | ours SPS | gymnasium wrappers SPS | ours / raw | wrappers / raw | "
+        "ours / wrappers |",
         "|---|---|---|---|---|---|---|",
     ]
     for env_id, r in results.items():
         m = r["median_sps"]
-        lines.append(f"| {env_id} | {m['raw']:.0f} | {m['ours']:.0f} | {m['gymnasium']:.0f} | "
-                     f"{r['ours_over_raw']:.2f} | {r['gymnasium_over_raw']:.2f} | {r['ours_over_gymnasium']:.2f}x |")  # fmt: skip
+        lines.append(
+            f"| {env_id} | {m['raw']:.0f} | {m['ours']:.0f} | {m['gymnasium']:.0f} | "
+            f"{r['ours_over_raw']:.2f} | {r['gymnasium_over_raw']:.2f} | {r['ours_over_gymnasium']:.2f}x |"
+        )
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -5,8 +5,8 @@
 
 For each script (ppo, rgpo, trpo, awr) and width (64, 256), every round starts the baseline script (the
 repository at ``--baseline-ref``, extracted with ``git archive``: the eager update, bit-identical to today's
-default) and today's script with ``--compile`` at the same moment on the two cores, with one torch thread each,
-in alternating launch order; each pair gives one speed-up ratio, so machine load hits both sides alike
+default) and today's script with ``--compile`` at the same moment on the two cores, with one torch thread
+each, in alternating launch order; each pair gives one speed-up ratio, so machine load hits both sides alike
 (``TORCHINDUCTOR_COMPILE_THREADS=1``, as grid.py sets it: the compiling run keeps to its own core). A third
 pair per round runs CleanRL's ``ppo_continuous_action.py`` (patched for gymnasium 1.x as in
 bench_mujoco_speed.py) beside the baseline PPO at width 64.
@@ -129,8 +129,8 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="bench_compile_")
     commit, head = extract_baseline(args.baseline_ref, tmp)
-    dirty = bool(subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "mujoco_baselines"], capture_output=True,
-                                text=True).stdout.strip())  # fmt: skip
+    status = ["git", "-C", ROOT, "status", "--porcelain", "mujoco_baselines"]
+    dirty = bool(subprocess.run(status, capture_output=True, text=True).stdout.strip())
     base_dir = os.path.join(tmp, "mujoco_baselines")
 
     print("raw env.step rates ...", flush=True)
@@ -140,8 +140,8 @@ def main() -> None:
     # one core per run, compilation included (inductor compiles on all cores by default), as grid.py runs them
     env = {**os.environ, **ONE_THREAD, "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1",
-              "--no-tensorboard", "--no-verbose", "--checkpoint-every", "0"]  # fmt: skip
+    common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1"]
+    common += ["--no-tensorboard", "--no-verbose", "--checkpoint-every", "0"]
     cleanrl_cmd = None
     if args.cleanrl_path:
         cdir = os.path.join(tmp, "cleanrl")
@@ -151,9 +151,10 @@ def main() -> None:
             open(os.path.join(cdir, "ppo_continuous_action.py"), "w") as g,
         ):
             g.write(patch_cleanrl(f.read()))
-        cleanrl_cmd = ([sys.executable, "ppo_continuous_action.py", "--env-id", args.env_id, "--total-timesteps",
-                        str(args.total_timesteps), "--seed", "1", "--num-steps", "2048", "--update-epochs", "10",
-                        "--num-minibatches", "32", "--no-cuda"], cdir)  # fmt: skip
+        cleanrl_argv = [sys.executable, "ppo_continuous_action.py", "--env-id", args.env_id]
+        cleanrl_argv += ["--total-timesteps", str(args.total_timesteps), "--seed", "1", "--num-steps", "2048"]
+        cleanrl_argv += ["--update-epochs", "10", "--num-minibatches", "32", "--no-cuda"]
+        cleanrl_cmd = (cleanrl_argv, cdir)
 
     runs: list[dict] = []
     for rnd in range(args.rounds):
@@ -170,21 +171,24 @@ def main() -> None:
             for side in order:
                 name = f"{method}_{width}_{side}_{rnd}"
                 flag = ["--compile"] if side == "compile" else []
-                cmds.append(([sys.executable, sides[side], *common, "--hidden-size", str(width), "--output-dir",
-                              os.path.join(tmp, "runs"), "--run-name", name, *flag], tmp, renv))  # fmt: skip
+                argv = [sys.executable, sides[side], *common, "--hidden-size", str(width)]
+                argv += ["--output-dir", os.path.join(tmp, "runs"), "--run-name", name, *flag]
+                cmds.append((argv, tmp, renv))
             side_by_side(cmds)
             for side in order:
                 stats = run_stats(os.path.join(tmp, "runs", f"{method}_{width}_{side}_{rnd}"))
                 runs.append({"round": rnd, "method": method, "width": width, "variant": side, **stats})
-                print(f"round {rnd} {method} w{width} {side:8s} SPS {stats['steady_sps']:7.1f} "
-                      f"compile {stats['compile_s']:5.1f}s", flush=True)  # fmt: skip
+                print(
+                    f"round {rnd} {method} w{width} {side:8s} SPS {stats['steady_sps']:7.1f} "
+                    f"compile {stats['compile_s']:5.1f}s",
+                    flush=True,
+                )
         if cleanrl_cmd:
             name = f"ppo_64_baseline_cl_{rnd}"
-            outs = side_by_side([
-                (cleanrl_cmd[0], cleanrl_cmd[1], env),
-                ([sys.executable, os.path.join(base_dir, "ppo_continuous_action.py"), *common, "--hidden-size", "64",
-                  "--output-dir", os.path.join(tmp, "runs"), "--run-name", name], tmp, env),
-            ])  # fmt: skip
+            base_ppo = os.path.join(base_dir, "ppo_continuous_action.py")
+            argv = [sys.executable, base_ppo, *common, "--hidden-size", "64"]
+            argv += ["--output-dir", os.path.join(tmp, "runs"), "--run-name", name]
+            outs = side_by_side([(cleanrl_cmd[0], cleanrl_cmd[1], env), (argv, tmp, env)])
             cl_sps = float(re.findall(r"SPS: (\d+)", outs[0])[-1])  # CleanRL prints global_step / elapsed
             ours = json.load(open(os.path.join(tmp, "runs", name, "final.json")))[
                 "SPS"
@@ -192,8 +196,15 @@ def main() -> None:
             runs.append(
                 {"round": rnd, "method": "cleanrl_ppo", "width": 64, "variant": "cleanrl", "run_sps": cl_sps}
             )
-            runs.append({"round": rnd, "method": "ppo", "width": 64, "variant": "baseline_beside_cleanrl",
-                         "run_sps": ours})  # fmt: skip
+            runs.append(
+                {
+                    "round": rnd,
+                    "method": "ppo",
+                    "width": 64,
+                    "variant": "baseline_beside_cleanrl",
+                    "run_sps": ours,
+                }
+            )
             print(f"round {rnd} cleanrl SPS {cl_sps:.0f} beside baseline ppo w64 SPS {ours:.0f}", flush=True)
 
     result = summarise(runs, raw, args)
@@ -226,32 +237,46 @@ def versions() -> dict:
     import numpy
     import torch
 
-    return {"torch": torch.__version__, "numpy": numpy.__version__, "gymnasium": gymnasium.__version__,
-            "mujoco": mujoco.__version__}  # fmt: skip
+    return {
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "gymnasium": gymnasium.__version__,
+        "mujoco": mujoco.__version__,
+    }
 
 
 def summarise(runs: list[dict], raw: dict, args) -> dict:
     rows = []
     for method in METHODS:
         for width in args.widths:
-            sel = {v: sorted((r for r in runs if r["method"] == method and r["width"] == width and r["variant"] == v),
-                             key=lambda r: r["round"]) for v in ("baseline", "compile")}  # fmt: skip
+            sel = {
+                v: sorted(
+                    (r for r in runs if r["method"] == method and r["width"] == width and r["variant"] == v),
+                    key=lambda r: r["round"],
+                )
+                for v in ("baseline", "compile")
+            }
             ratios = [
                 c["steady_sps"] / b["steady_sps"]
                 for b, c in zip(sel["baseline"], sel["compile"], strict=True)
             ]
-            rows.append({
-                "method": method, "width": width,
-                "baseline_sps": statistics.median(r["steady_sps"] for r in sel["baseline"]),
-                "compile_sps": statistics.median(r["steady_sps"] for r in sel["compile"]),
-                "speedup": statistics.median(ratios), "speedup_per_round": ratios,
-                "baseline_update_s": statistics.median(r["update_s"] for r in sel["baseline"]),
-                "compile_update_s": statistics.median(r["update_s"] for r in sel["compile"]),
-                "baseline_rollout_s": statistics.median(r["rollout_s"] for r in sel["baseline"]),
-                "compile_rollout_s": statistics.median(r["rollout_s"] for r in sel["compile"]),
-                "compile_s_cold": sel["compile"][0]["compile_s"],
-                "compile_s_warm": statistics.median(r["compile_s"] for r in sel["compile"][1:]) if len(sel["compile"]) > 1 else None,
-            })  # fmt: skip
+            warm_s = [r["compile_s"] for r in sel["compile"][1:]]
+            rows.append(
+                {
+                    "method": method,
+                    "width": width,
+                    "baseline_sps": statistics.median(r["steady_sps"] for r in sel["baseline"]),
+                    "compile_sps": statistics.median(r["steady_sps"] for r in sel["compile"]),
+                    "speedup": statistics.median(ratios),
+                    "speedup_per_round": ratios,
+                    "baseline_update_s": statistics.median(r["update_s"] for r in sel["baseline"]),
+                    "compile_update_s": statistics.median(r["update_s"] for r in sel["compile"]),
+                    "baseline_rollout_s": statistics.median(r["rollout_s"] for r in sel["baseline"]),
+                    "compile_rollout_s": statistics.median(r["rollout_s"] for r in sel["compile"]),
+                    "compile_s_cold": sel["compile"][0]["compile_s"],
+                    "compile_s_warm": statistics.median(warm_s) if warm_s else None,
+                }
+            )
     out = {"env_id": args.env_id, "raw_env_rate": raw, "rows": rows}
     cl = [r for r in runs if r["variant"] == "cleanrl"]
     if cl:
@@ -264,9 +289,10 @@ def summarise(runs: list[dict], raw: dict, args) -> dict:
 
 
 def grid_estimate(grid_dir: str, rows: list[dict]) -> dict | None:
-    """Wall time of the 48-run main grid on 2 cores: each (method, env) at the median SPS of its finished eager
-    runs (two side by side, as the grid ran them), and the same divided by the method's width-256 speed-up
-    measured here (on Hopper-v4 only: an estimate for the other environments) plus one cold compile per run."""
+    """Wall time of the 48-run main grid on 2 cores: each (method, env) at the median SPS of its finished
+    eager runs (two side by side, as the grid ran them), and the same divided by the method's width-256
+    speed-up measured here (on Hopper-v4 only: an estimate for the other environments) plus one cold compile
+    per run."""
     import glob
 
     sps: dict[tuple[str, str], list[float]] = {}
@@ -279,8 +305,13 @@ def grid_estimate(grid_dir: str, rows: list[dict]) -> dict | None:
         return None
     speed = {x["method"]: x for x in rows if x["width"] == 256}
     eager = sum(3 * 1e6 / statistics.median(sps[c]) for c in cells) / 2
-    compiled = sum(3 * (1e6 / (statistics.median(sps[(m, e)]) * speed[m]["speedup"]) + speed[m]["compile_s_cold"])
-                   for m, e in cells) / 2  # fmt: skip
+    compiled = (
+        sum(
+            3 * (1e6 / (statistics.median(sps[(m, e)]) * speed[m]["speedup"]) + speed[m]["compile_s_cold"])
+            for m, e in cells
+        )
+        / 2
+    )
     n = sum(len(v) for v in sps.values())
     return {"eager_hours": eager / 3600, "compile_hours": compiled / 3600, "finished_runs": n}
 
@@ -291,18 +322,18 @@ def markdown(r: dict) -> str:
         "# `--compile`: A/B speed against the scripts before it",
         "",
         f"Command: `{r['command']}`  ",
-        f"Baseline: the scripts at {r['baseline_commit'][:10]} (eager update; today's default is bit-identical to it); "
-        f"`--compile`: {r['head_commit'][:10]}{r['head_commit'][40:]}.  ",
-        f"Machine: {r['machine']}; {', '.join(f'{k} {v}' for k, v in r['versions'].items())}; one torch thread "
-        f"per run, baseline and `--compile` run side by side on the 2 cores; load average at end "
+        f"Baseline: the scripts at {r['baseline_commit'][:10]} (eager update; today's default is "
+        f"bit-identical to it); `--compile`: {r['head_commit'][:10]}{r['head_commit'][40:]}.  ",
+        f"Machine: {r['machine']}; {', '.join(f'{k} {v}' for k, v in r['versions'].items())}; one torch "
+        "thread per run, baseline and `--compile` run side by side on the 2 cores; load average at end "
         f"{', '.join(f'{x:.1f}' for x in r['load_average_at_end'])}.",
         "",
         f"Env {r['env_id']}; steady-state SPS (iterations after the first); speed-up = median over rounds of "
-        "the per-pair ratio. Fraction of the raw env-step rate = SPS / the rate of gymnasium's `env.step` with "
-        f"random actions on one core ({raw:.0f} steps/s for {r['env_id']}).",
+        "the per-pair ratio. Fraction of the raw env-step rate = SPS / the rate of gymnasium's `env.step` "
+        f"with random actions on one core ({raw:.0f} steps/s for {r['env_id']}).",
         "",
-        "| script | width | baseline SPS | `--compile` SPS | speed-up | per round | update s/iter (base -> compile) "
-        "| rollout s/iter | of raw env rate (base -> compile) | compile s (cold / warm) |",
+        "| script | width | baseline SPS | `--compile` SPS | speed-up | per round | update s/iter (base -> "
+        "compile) | rollout s/iter | of raw env rate (base -> compile) | compile s (cold / warm) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in r["rows"]:
@@ -310,9 +341,9 @@ def markdown(r: dict) -> str:
         lines.append(
             f"| {x['method']} | {x['width']} | {x['baseline_sps']:.0f} | {x['compile_sps']:.0f} | "
             f"{x['speedup']:.2f}x | {', '.join(f'{v:.2f}' for v in x['speedup_per_round'])} | "
-            f"{x['baseline_update_s']:.2f} -> {x['compile_update_s']:.2f} | "
-            f"{x['baseline_rollout_s']:.2f} -> {x['compile_rollout_s']:.2f} | "
-            f"{x['baseline_sps'] / raw:.0%} -> {x['compile_sps'] / raw:.0%} | {x['compile_s_cold']:.0f} / {warm} |"
+            f"{x['baseline_update_s']:.2f} -> {x['compile_update_s']:.2f} | {x['baseline_rollout_s']:.2f} -> "
+            f"{x['compile_rollout_s']:.2f} | {x['baseline_sps'] / raw:.0%} -> {x['compile_sps'] / raw:.0%} | "
+            f"{x['compile_s_cold']:.0f} / {warm} |"
         )
     lines += [
         "",
@@ -324,22 +355,26 @@ def markdown(r: dict) -> str:
         ratio = r["baseline_ppo64_over_cleanrl"]
         ppo64 = next(x for x in r["rows"] if x["method"] == "ppo" and x["width"] == 64)
         ppo256 = next((x for x in r["rows"] if x["method"] == "ppo" and x["width"] == 256), None)
+        at_256 = "."
+        if ppo256:
+            chained = ratio * ppo256["speedup"] * ppo256["baseline_sps"] / ppo64["baseline_sps"]
+            at_256 = f", {chained:.2f}x at width 256."
         lines += [
             "",
-            f"CleanRL `ppo_continuous_action.py` (width 64), run beside our baseline PPO at width 64: {r['cleanrl_sps']:.0f} "
-            f"SPS; our baseline / CleanRL = {ratio:.2f}x (whole-run SPS, CleanRL's definition; ours with --no-tensorboard, "
-            f"CleanRL writing its TensorBoard events). Chained with the "
-            f"speed-ups above: PPO `--compile` / CleanRL ~ {ratio * ppo64['speedup']:.2f}x at width 64"
-            + (f", {ratio * ppo256['speedup'] * ppo256['baseline_sps'] / ppo64['baseline_sps']:.2f}x at width 256." if ppo256 else "."),
-        ]  # fmt: skip
+            "CleanRL `ppo_continuous_action.py` (width 64), run beside our baseline PPO at width 64: "
+            f"{r['cleanrl_sps']:.0f} SPS; our baseline / CleanRL = {ratio:.2f}x (whole-run SPS, CleanRL's "
+            "definition; ours with --no-tensorboard, CleanRL writing its TensorBoard events). Chained with "
+            f"the speed-ups above: PPO `--compile` / CleanRL ~ {ratio * ppo64['speedup']:.2f}x at width 64"
+            + at_256,
+        ]
     g = r.get("grid_estimate")
     if g:
         lines += [
             "",
-            f"Estimated wall time of the 48-run `main` grid (1M steps each) on this 2-core machine, from the SPS of "
-            f"the {g['finished_runs']} finished eager grid runs (two side by side): eager {g['eager_hours']:.1f} h; "
-            f"with `--compile` (the width-256 speed-ups above, measured on {r['env_id']} only, plus a cold compile per "
-            f"run) ~{g['compile_hours']:.1f} h.",
+            "Estimated wall time of the 48-run `main` grid (1M steps each) on this 2-core machine, from the "
+            f"SPS of the {g['finished_runs']} finished eager grid runs (two side by side): eager "
+            f"{g['eager_hours']:.1f} h; with `--compile` (the width-256 speed-ups above, measured on "
+            f"{r['env_id']} only, plus a cold compile per run) ~{g['compile_hours']:.1f} h.",
         ]
     return "\n".join(lines) + "\n"
 

@@ -4,17 +4,17 @@
 
 Per environment step of a rollout, in rotating order over ``--rounds`` rounds (median of rounds, us/step):
 the script's per-step policy sample (``actor_mean`` through ``nn.Module`` calls), the same function applied to
-the same weights without module calls (``F.linear``/``tanh``; asserted bit-identical), the script's environment
-(``MujocoEnv.step``: gymnasium's ``gym.make`` stack plus our normalisation), gymnasium's ``env.step`` with
-random actions (the raw step rate), the unwrapped environment's ``step``, and ``mujoco.mj_step`` alone (the
-physics: the floor).
+the same weights without module calls (``F.linear``/``tanh``; asserted bit-identical), the script's
+environment (``MujocoEnv.step``: gymnasium's ``gym.make`` stack plus our normalisation), gymnasium's
+``env.step`` with random actions (the raw step rate), the unwrapped environment's ``step``, and
+``mujoco.mj_step`` alone (the physics: the floor).
 
 Per PPO mini-batch update step (Hopper-v4 shapes, width 64 and 256), interleaved step by step (median of
 per-epoch ratios): the script's eager step (forward, loss, backward, gradient statistics, clip, Adam), the
 same step as one ``torch.compile``d pure function (``torch.func.grad`` of the loss, clipping and Adam written
 out; changes float rounding; the first prototype), the scripts' ``--compile`` step (``CompiledAdamStep``: in
-place, with the gradient statistics), and the GEMMs of the step alone (forward and backward matrix products of both
-networks: what no overhead removal can go below).
+place, with the gradient statistics), and the GEMMs of the step alone (forward and backward matrix products of
+both networks: what no overhead removal can go below).
 
 It projects SPS per configuration as 1 / (rollout per step + 320 / 2048 update steps per environment step),
 ignoring GAE and logging (a few %), so the projection is an upper bound of what each change gives.
@@ -96,8 +96,14 @@ def rollout_costs(env_id: str, width: int, n: int, rounds: int) -> dict[str, flo
             m_env.data.ctrl[:] = rand[t]
             mujoco.mj_step(m_env.model, m_env.data, nstep=m_env.frame_skip)
 
-    parts = {"policy_module": policy(agent.actor_mean), "policy_raw": policy(raw_mean), "env_script": env_script,
-             "env_gym": env_gym, "env_unwrapped": env_unwrapped, "mj_step": mj_step}  # fmt: skip
+    parts = {
+        "policy_module": policy(agent.actor_mean),
+        "policy_raw": policy(raw_mean),
+        "env_script": env_script,
+        "env_gym": env_gym,
+        "env_unwrapped": env_unwrapped,
+        "mj_step": mj_step,
+    }
     times: dict[str, list[float]] = {k: [] for k in parts}
     for r in range(rounds):
         names = list(parts)[r % len(parts) :] + list(parts)[: r % len(parts)]
@@ -148,9 +154,12 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
 
     names = [n for n, _ in shadow.named_parameters()]
     pol_names = [n for n in names if not n.startswith("critic")]
-    state = {"p": {n: p.detach().clone() for n, p in shadow.named_parameters()},
-             "m": {n: torch.zeros_like(p) for n, p in shadow.named_parameters()},
-             "v": {n: torch.zeros_like(p) for n, p in shadow.named_parameters()}, "k": 0}  # fmt: skip
+    state = {
+        "p": {n: p.detach().clone() for n, p in shadow.named_parameters()},
+        "m": {n: torch.zeros_like(p) for n, p in shadow.named_parameters()},
+        "v": {n: torch.zeros_like(p) for n, p in shadow.named_parameters()},
+        "k": 0,
+    }
 
     def pure_loss(params, idx):
         with _reparametrize_module(shadow, params):
@@ -192,8 +201,14 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
     # the scripts' --compile step (in-place Adam, gradient statistics) from the same start
     twin = copy.deepcopy(shadow)
     twin_opt = torch.optim.Adam(twin.parameters(), lr=3e-4, eps=1e-5)
-    script_step = CompiledAdamStep(twin, twin_opt, lambda agent, idx: (loss_fn(agent, idx), ()),
-                                   list(twin.parameters()), 0.5, twin.policy_parameters())  # fmt: skip
+    script_step = CompiledAdamStep(
+        twin,
+        twin_opt,
+        lambda agent, idx: (loss_fn(agent, idx), ()),
+        list(twin.parameters()),
+        0.5,
+        twin.policy_parameters(),
+    )
 
     def script_compiled_step(idx):
         float(script_step(idx)[2])
@@ -204,8 +219,12 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
     compile_s = time.perf_counter() - t0
     for _ in range(3):
         script_compiled_step(torch.randperm(T)[:mb])
-    steps = {"eager": eager_step, "compiled": compiled_step, "script_compiled": script_compiled_step,
-             "gemm_floor": gemm_step}  # fmt: skip
+    steps = {
+        "eager": eager_step,
+        "compiled": compiled_step,
+        "script_compiled": script_compiled_step,
+        "gemm_floor": gemm_step,
+    }
     per_epoch: dict[str, list[float]] = {k: [] for k in steps}
     for e in range(epochs):
         perm = torch.randperm(T)
@@ -244,9 +263,14 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    result = {"command": "python benchmarks/bench_mujoco_profile.py " + " ".join(sys.argv[1:]),
-              "machine": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-              "rollout": {}, "update": {}}  # fmt: skip
+    result = {
+        "command": "python benchmarks/bench_mujoco_profile.py " + " ".join(sys.argv[1:]),
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "rollout": {},
+        "update": {},
+    }
     for width in (64, 256):
         result["update"][width] = update_costs(width, a.epochs)
         print(width, result["update"][width], flush=True)
@@ -263,34 +287,57 @@ def main() -> None:
 
 
 def markdown(r: dict) -> str:
-    lines = ["# Where a MuJoCo script's time goes", "", f"Command: `{r['command']}`  ",
-             f"Machine: {r['machine']}, {r['cpus']} CPUs, torch {r['torch']}, one torch thread; load average at "
-             f"end {', '.join(f'{x:.1f}' for x in r['load_average_end'])}. Medians of interleaved rounds.", "",
-             "## Update: one PPO mini-batch step (Hopper-v4 shapes, 64 samples)", "",
-             "| width | eager (the scripts) us | one compiled pure function us | speed-up | the scripts' --compile "
-             "step us | GEMMs alone us | eager / GEMMs | --compile step / GEMMs | compile s |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Where a MuJoCo script's time goes",
+        "",
+        f"Command: `{r['command']}`  ",
+        f"Machine: {r['machine']}, {r['cpus']} CPUs, torch {r['torch']}, one torch thread; load average at "
+        f"end {', '.join(f'{x:.1f}' for x in r['load_average_end'])}. Medians of interleaved rounds.",
+        "",
+        "## Update: one PPO mini-batch step (Hopper-v4 shapes, 64 samples)",
+        "",
+        "| width | eager (the scripts) us | one compiled pure function us | speed-up | the scripts' "
+        "--compile step us | GEMMs alone us | eager / GEMMs | --compile step / GEMMs | compile s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for w, u in r["update"].items():
         script = f"{u['script_compiled_us']:.0f} | " if "script_compiled_us" in u else "- | "
         ratio = f"{u['script_compiled_over_floor']:.1f} | " if "script_compiled_over_floor" in u else "- | "
-        lines.append(f"| {w} | {u['eager_us']:.0f} | {u['compiled_us']:.0f} | {u['compiled_speedup']:.2f}x | "
-                     f"{script}{u['gemm_floor_us']:.0f} | {u['eager_over_floor']:.1f} | {ratio}{u['compile_s']:.0f} |")  # fmt: skip
-    lines += ["", "## Rollout, per environment step (us; width 256)", "",
-              "| env | policy (nn.Module) | policy (same weights, no modules) | script env | gymnasium env.step "
-              "(raw rate, steps/s) | unwrapped step | mj_step (physics) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {w} | {u['eager_us']:.0f} | {u['compiled_us']:.0f} | {u['compiled_speedup']:.2f}x | "
+            f"{script}{u['gemm_floor_us']:.0f} | {u['eager_over_floor']:.1f} | {ratio}{u['compile_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "## Rollout, per environment step (us; width 256)",
+        "",
+        "| env | policy (nn.Module) | policy (same weights, no modules) | script env | gymnasium env.step "
+        "(raw rate, steps/s) | unwrapped step | mj_step (physics) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for env_id, c in r["rollout"].items():
-        lines.append(f"| {env_id} | {c['policy_module']:.0f} | {c['policy_raw']:.0f} | {c['env_script']:.0f} | "
-                     f"{c['env_gym']:.0f} ({1e6 / c['env_gym']:.0f}) | {c['env_unwrapped']:.0f} | {c['mj_step']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {env_id} | {c['policy_module']:.0f} | {c['policy_raw']:.0f} | {c['env_script']:.0f} | "
+            f"{c['env_gym']:.0f} ({1e6 / c['env_gym']:.0f}) | {c['env_unwrapped']:.0f} | {c['mj_step']:.0f} |"
+        )
     u = r["update"][256] if 256 in r["update"] else r["update"]["256"]
-    lines += ["", "## Projected SPS at width 256 (upper bounds: GAE, logging and Python between steps ignored)", "",
-              "| env | today | compiled update | + policy without modules + unwrapped env | ratio to today |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Projected SPS at width 256 (upper bounds: GAE, logging and Python between steps ignored)",
+        "",
+        "| env | today | compiled update | + policy without modules + unwrapped env | ratio to today |",
+        "|---|---|---|---|---|",
+    ]
     per_env_update = 320 / 2048
     for env_id, c in r["rollout"].items():
         today = 1e6 / (c["policy_module"] + c["env_script"] + per_env_update * u["eager_us"])
         comp = 1e6 / (c["policy_module"] + c["env_script"] + per_env_update * u["compiled_us"])
-        best = 1e6 / (c["policy_raw"] + c["env_unwrapped"] + (c["env_script"] - c["env_gym"])
-                      + per_env_update * u["compiled_us"])  # fmt: skip
+        best = 1e6 / (
+            c["policy_raw"]
+            + c["env_unwrapped"]
+            + (c["env_script"] - c["env_gym"])
+            + per_env_update * u["compiled_us"]
+        )
         lines.append(f"| {env_id} | {today:.0f} | {comp:.0f} | {best:.0f} | {best / today:.2f}x |")
     return "\n".join(lines) + "\n"
 

@@ -1,16 +1,19 @@
-"""A/B speed of the MuJoCo scripts against an earlier version of them (issue 23: moving the shared code into
+r"""A/B speed of the MuJoCo scripts against an earlier version of them (issue 23: moving the shared code into
 mujoco_baselines/common.py must not slow the scripts down).
 
-    python benchmarks/bench_mujoco_refactor.py --baseline-ref <git ref> --rounds 3 --out benchmarks/results/mujoco_refactor
+    python benchmarks/bench_mujoco_refactor.py --baseline-ref <git ref> --rounds 3 \
+        --out benchmarks/results/mujoco_refactor
 
-For each script and round, the baseline (the repository's ``mujoco_baselines/`` at ``--baseline-ref``, extracted
-with ``git archive``) and the current script run one after the other (the order alternates between rounds) with
-``--compile`` at width 256 on Hopper-v4 for ``--iterations`` iterations, one torch thread. The time per iteration
-is the median of ``iter_time`` over the iterations after the first two (compilation excluded); the reported ratio
-is the median over rounds of baseline time / current time (> 1: the current scripts are faster), beside the ratio
-of the two variants' medians over every timed iteration of every round (pooled). The issue's bar: ratio >= 0.97.
-Single iterations vary a lot on a shared VM even with nothing else running (see the committed rounds), so use
-enough rounds and iterations, or count calls instead (count_mujoco_calls.py); pinning the benchmark to one core (``taskset -c 0``) keeps other work on the other cores out of it.
+For each script and round, the baseline (the repository's ``mujoco_baselines/`` at ``--baseline-ref``,
+extracted with ``git archive``) and the current script run one after the other (the order alternates between
+rounds) with ``--compile`` at width 256 on Hopper-v4 for ``--iterations`` iterations, one torch thread. The
+time per iteration is the median of ``iter_time`` over the iterations after the first two (compilation
+excluded); the reported ratio is the median over rounds of baseline time / current time (> 1: the current
+scripts are faster), beside the ratio of the two variants' medians over every timed iteration of every round
+(pooled). The issue's bar: ratio >= 0.97. Single iterations vary a lot on a shared VM even with nothing else
+running (see the committed rounds), so use enough rounds and iterations, or count calls instead
+(count_mujoco_calls.py); pinning the benchmark to one core (``taskset -c 0``) keeps other work on the other
+cores out of it.
 """
 
 from __future__ import annotations
@@ -29,8 +32,12 @@ METHODS = ["ppo", "rgpo", "trpo", "awr"]
 
 
 def iteration_time(script: str, out: str, iterations: int, env: dict) -> float:
-    subprocess.run([sys.executable, script, *hopper_args(out, iterations, compile_=True)], check=True, env=env,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, script, *hopper_args(out, iterations, compile_=True)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     with open(os.path.join(out, "r", "metrics.csv")) as f:
         times = [float(row["iter_time"]) for row in csv.DictReader(f)]
     return times[2:]
@@ -49,36 +56,67 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         commit, head = extract_baseline(a.baseline_ref, tmp)
         for method in a.methods:
-            scripts = {"baseline": os.path.join(tmp, "mujoco_baselines", f"{method}_continuous_action.py"),
-                       "current": os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")}  # fmt: skip
+            scripts = {
+                "baseline": os.path.join(tmp, "mujoco_baselines", f"{method}_continuous_action.py"),
+                "current": os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py"),
+            }
             for rnd in range(a.rounds):
                 order = ["baseline", "current"] if rnd % 2 == 0 else ["current", "baseline"]
-                times = {v: iteration_time(scripts[v], os.path.join(tmp, f"{method}_{v}_{rnd}"), a.iterations, env)
-                         for v in order}  # fmt: skip
+                times = {
+                    v: iteration_time(scripts[v], os.path.join(tmp, f"{method}_{v}_{rnd}"), a.iterations, env)
+                    for v in order
+                }
                 t = {v: statistics.median(x) for v, x in times.items()}
-                rows.append({"method": method, "round": rnd, **t, "ratio": t["baseline"] / t["current"],
-                             "iteration_times": times})  # fmt: skip
-                print(f"{method} round {rnd}: baseline {t['baseline']:.3f} s, current {t['current']:.3f} s, "
-                      f"ratio {t['baseline'] / t['current']:.3f}", flush=True)  # fmt: skip
+                rows.append(
+                    {
+                        "method": method,
+                        "round": rnd,
+                        **t,
+                        "ratio": t["baseline"] / t["current"],
+                        "iteration_times": times,
+                    }
+                )
+                print(
+                    f"{method} round {rnd}: baseline {t['baseline']:.3f} s, current {t['current']:.3f} s, "
+                    f"ratio {t['baseline'] / t['current']:.3f}",
+                    flush=True,
+                )
     summary = {m: statistics.median(r["ratio"] for r in rows if r["method"] == m) for m in a.methods}
     # every measured iteration of every round pooled per variant: the ratio of the two medians
-    pooled = {m: statistics.median(x for r in rows if r["method"] == m for x in r["iteration_times"]["baseline"])
-              / statistics.median(x for r in rows if r["method"] == m for x in r["iteration_times"]["current"])
-              for m in a.methods}  # fmt: skip
-    info = run_info("bench_mujoco_refactor.py", True, baseline_commit=commit, head_commit=head, rows=rows,
-                    median_ratio=summary, pooled_ratio=pooled, cpu_affinity=sorted(os.sched_getaffinity(0)))  # fmt: skip
-    lines = ["# MuJoCo scripts: current vs an earlier version (--compile, width 256, Hopper-v4)", "",
-             f"Command: `{info['command']}`; baseline {commit[:10]}, current {head[:10]}; {info['machine']}; load "
-             f"average at the end {tuple(round(x, 2) for x in info['load_average_at_end'])}; CPUs the benchmark "
-             f"ran on: {info['cpu_affinity']}. {a.iterations - 2} timed iterations per run.", "",
-             "| script | median s / iteration, baseline | current | ratio (baseline / current), median of rounds | "
-             "rounds | ratio of the pooled medians |", "|---|---|---|---|---|---|"]  # fmt: skip
+    pooled = {
+        m: statistics.median(x for r in rows if r["method"] == m for x in r["iteration_times"]["baseline"])
+        / statistics.median(x for r in rows if r["method"] == m for x in r["iteration_times"]["current"])
+        for m in a.methods
+    }
+    info = run_info(
+        "bench_mujoco_refactor.py",
+        True,
+        baseline_commit=commit,
+        head_commit=head,
+        rows=rows,
+        median_ratio=summary,
+        pooled_ratio=pooled,
+        cpu_affinity=sorted(os.sched_getaffinity(0)),
+    )
+    lines = [
+        "# MuJoCo scripts: current vs an earlier version (--compile, width 256, Hopper-v4)",
+        "",
+        f"Command: `{info['command']}`; baseline {commit[:10]}, current {head[:10]}; {info['machine']}; load "
+        f"average at the end {tuple(round(x, 2) for x in info['load_average_at_end'])}; CPUs the benchmark "
+        f"ran on: {info['cpu_affinity']}. {a.iterations - 2} timed iterations per run.",
+        "",
+        "| script | median s / iteration, baseline | current | ratio (baseline / current), median of rounds "
+        "| rounds | ratio of the pooled medians |",
+        "|---|---|---|---|---|---|",
+    ]
     for m in a.methods:
         rs = [r for r in rows if r["method"] == m]
         each = ", ".join(f"{r['ratio']:.3f}" for r in rs)
-        lines.append(f"| {m} | {statistics.median(r['baseline'] for r in rs):.3f} | "
-                     f"{statistics.median(r['current'] for r in rs):.3f} | {summary[m]:.3f} | "
-                     f"{each} | {pooled[m]:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {m} | {statistics.median(r['baseline'] for r in rs):.3f} | "
+            f"{statistics.median(r['current'] for r in rs):.3f} | {summary[m]:.3f} | "
+            f"{each} | {pooled[m]:.3f} |"
+        )
     write_outputs(a.out, info, lines)
 
 

@@ -1,10 +1,12 @@
-"""What a lighter per-step rollout path buys (the speed issue's rollout direction; the scripts use `lean_no_modules`).
+"""What a lighter per-step rollout path buys (the speed issue's rollout direction; the scripts use
+`lean_no_modules`).
 
     python benchmarks/bench_mujoco_rollout.py --out benchmarks/results/mujoco_rollout
 
 `base` is the scripts' rollout step before it: `agent.actor_mean(obs[step]) + std * noise[step]` through
 `nn.Module` calls, the action written into a tensor, then `MujocoEnv.step`. Variants, in rotating order over
-`--rounds` rounds of one 2048-step rollout each, in one process (median of the per-round time ratios to `base`):
+`--rounds` rounds of one 2048-step rollout each, in one process (median of the per-round time ratios to
+`base`):
 
 - `base2`: the script's step again (A/A: the noise floor of the ratios);
 - `lean_modules`: `std * noise` once per rollout, the action written through a numpy view (modules kept);
@@ -124,18 +126,19 @@ def main() -> None:
         "",
         f"Command: `{info['command']}`  ",
         f"Machine: {info['machine']}; one torch thread; load average at end "
-        f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} (two grid runs shared the cores: read the "
-        f"interleaved ratios, not the absolute times). Width {a.width}, {a.rounds} rounds of one 2048-step rollout "
-        "per variant; speed-up = median of per-round time ratios to `base`.",
+        f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} (two grid runs shared the cores: read "
+        f"the interleaved ratios, not the absolute times). Width {a.width}, {a.rounds} rounds of one "
+        "2048-step rollout per variant; speed-up = median of per-round time ratios to `base`.",
         "",
-        "| env | variant | us/step | speed-up vs base | vs lean_no_modules (the scripts' eager step) | actions bit-identical to base |",
+        "| env | variant | us/step | speed-up vs base | vs lean_no_modules (the scripts' eager step) | "
+        "actions bit-identical to base |",
         "|---|---|---|---|---|---|",
     ]
     for env_id, r in results.items():
         for v, x in r.items():
             lines.append(
-                f"| {env_id} | {v} | {x['us_per_step']:.0f} | {x['speedup']:.3f}x | {x['speedup_vs_eager']:.3f}x | "
-                f"{x['bit_identical']} |"
+                f"| {env_id} | {v} | {x['us_per_step']:.0f} | {x['speedup']:.3f}x | "
+                f"{x['speedup_vs_eager']:.3f}x | {x['bit_identical']} |"
             )
     write_outputs(a.out, info, lines)
 

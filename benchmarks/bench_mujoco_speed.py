@@ -48,7 +48,8 @@ CLEANRL_PATCHES = [
         "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
     ),
     (
-        "gymnasium>=1.0: SAME_STEP autoreset (the default NEXT_STEP inserts a fake transition after each episode)",
+        "gymnasium>=1.0: SAME_STEP autoreset (the default NEXT_STEP inserts a fake transition after each "
+        "episode)",
         "for i in range(args.num_envs)]\n    )",
         "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
     ),
@@ -122,11 +123,9 @@ def e2e(args, tmp):
         for width in (64, 256):
             script = os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")
             name = f"ours_{method}_{width}"
-            variants[name] = (
-                [sys.executable, script, *common, "--minibatch-size", "64", "--hidden-size", str(width),
-                 "--output-dir", os.path.join(tmp, "runs"), "--no-verbose"],
-                tmp,
-            )  # fmt: skip
+            argv = [sys.executable, script, *common, "--minibatch-size", "64", "--hidden-size", str(width)]
+            argv += ["--output-dir", os.path.join(tmp, "runs"), "--no-verbose"]
+            variants[name] = (argv, tmp)
     # A/A control: the same PPO run again in every round; its ratio to ours_ppo_64 shows how much two
     # identical runs differ on this machine (the noise floor of the end-to-end ratios)
     variants["ours_ppo_64_control"] = variants["ours_ppo_64"]
@@ -386,20 +385,25 @@ def main():
         aa, pp = e2e_res["ours_ppo_64_control"]["run_update_time"], e2e_res["ours_ppo_64"]["run_update_time"]
         per_round["ppo_control_over_ppo_update_time_64"] = [x / y for x, y in zip(aa, pp, strict=True)]
         ratios = {k: statistics.median(v) for k, v in per_round.items()}
+    command = " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     result = {
-        "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]).replace(args.cleanrl_path, "<cleanrl>"),
+        "command": command.replace(args.cleanrl_path, "<cleanrl>"),
         "env_id": args.env_id,
         "total_timesteps": args.total_timesteps,
         "rounds": args.rounds,
         "cleanrl_patches": patches,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "loadavg_at_end": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+        },
         "e2e_median": med,
         "e2e_all": e2e_res,
         "ratios": ratios,
         "ratios_per_round": per_round,
         "update_microbench": micro,
-    }  # fmt: skip
+    }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(result, f, indent=2)
@@ -414,8 +418,8 @@ def main():
     ]
     if med:
         lines += [
-            "| variant | SPS (median) | SPS / CleanRL (median of per-round ratios) | per round | rollout s/iter "
-            "| update s/iter |",
+            "| variant | SPS (median) | SPS / CleanRL (median of per-round ratios) | per round | rollout "
+            "s/iter | update s/iter |",
             "|---|---|---|---|---|---|",
         ]
         for n, m in med.items():
@@ -425,22 +429,28 @@ def main():
             lines.append(
                 f"| {n} | {m['sps']:.0f} | {ratios[f'{n}_sps_over_cleanrl']:.2f}x | {pr} | {ro} | {up} |"
             )
-        lines += ["", "RGPO/PPO per-iteration update time, end-to-end runs (median over rounds of the ratio of "
-                  "run medians):", ""]  # fmt: skip
+        lines += [
+            "",
+            "RGPO/PPO per-iteration update time, end-to-end runs (median over rounds of the ratio of "
+            "run medians):",
+            "",
+        ]
         for w in (64, 256):
             pr = ", ".join(f"{x:.2f}" for x in per_round[f"rgpo_over_ppo_update_time_{w}"])
             lines.append(f"- width {w}: {ratios[f'rgpo_over_ppo_update_time_{w}']:.3f} (per round: {pr})")
         pr = ", ".join(f"{x:.2f}" for x in per_round["ppo_control_over_ppo_update_time_64"])
-        lines.append(f"- A/A control, PPO run twice, width 64: {ratios['ppo_control_over_ppo_update_time_64']:.3f} "
-                     f"(per round: {pr})")  # fmt: skip
+        lines.append(
+            f"- A/A control, PPO run twice, width 64: {ratios['ppo_control_over_ppo_update_time_64']:.3f} "
+            f"(per round: {pr})"
+        )
         lines.append("")
         lines += ["CleanRL fixes applied (gymnasium 1.x):", "", *[f"- {d}" for d in patches], ""]
     lines += [
-        "RGPO/PPO update time, in-process microbenchmark: full mini-batch steps of PPO, RGPO and a second PPO "
-        "(A/A control) interleaved step by step, one block = one epoch of 32 steps per variant plus its stats "
-        "reduction; every 10 blocks the old log-probs are refreshed and the networks and optimisers "
-        "re-allocated in random order (memory placement alone shifts a variant by ~1%); "
-        f"median over {micro[64]['blocks']} blocks of the per-block time ratio, bootstrap 95% interval:",
+        "RGPO/PPO update time, in-process microbenchmark: full mini-batch steps of PPO, RGPO and a second "
+        "PPO (A/A control) interleaved step by step, one block = one epoch of 32 steps per variant plus its "
+        "stats reduction; every 10 blocks the old log-probs are refreshed and the networks and optimisers "
+        "re-allocated in random order (memory placement alone shifts a variant by ~1%); median over "
+        f"{micro[64]['blocks']} blocks of the per-block time ratio, bootstrap 95% interval:",
         "",
         "| width | PPO epoch ms | RGPO / PPO | 95% CI | PPO control / PPO (A/A) | 95% CI |",
         "|---|---|---|---|---|---|",
@@ -449,16 +459,16 @@ def main():
         m = micro[w]
         rc, cc = m["rgpo_over_ppo_ci95"], m["ppo_control_over_ppo_ci95"]
         lines.append(
-            f"| {w} | {m['ppo_epoch_s_median'] * 1e3:.1f} | {m['rgpo_over_ppo']:.3f} | {rc[0]:.3f}-{rc[1]:.3f} | "
-            f"{m['ppo_control_over_ppo']:.3f} | {cc[0]:.3f}-{cc[1]:.3f} |"
+            f"| {w} | {m['ppo_epoch_s_median'] * 1e3:.1f} | {m['rgpo_over_ppo']:.3f} | "
+            f"{rc[0]:.3f}-{rc[1]:.3f} | {m['ppo_control_over_ppo']:.3f} | {cc[0]:.3f}-{cc[1]:.3f} |"
         )
     lo = micro["loss_only"]
     lines += [
         "",
-        "Policy loss alone (forward + backward, 64 samples), interleaved: "
-        f"PPO {lo['ppo_us_median']:.0f} us, the RGPO script's loss (`rgpo_trl.rgpo_loss`, diagnostics reduced per "
-        f"epoch) {lo['rgpo_us_median']:.0f} us ({lo['rgpo_over_ppo']:.2f}x), `rgpo_loss` with per-call "
-        f"diagnostics (the trainer's path) {lo['rgpo_with_diagnostics_us_median']:.0f} us "
+        f"Policy loss alone (forward + backward, 64 samples), interleaved: PPO {lo['ppo_us_median']:.0f} us, "
+        "the RGPO script's loss (`rgpo_trl.rgpo_loss`, diagnostics reduced per epoch) "
+        f"{lo['rgpo_us_median']:.0f} us ({lo['rgpo_over_ppo']:.2f}x), `rgpo_loss` with per-call diagnostics "
+        f"(the trainer's path) {lo['rgpo_with_diagnostics_us_median']:.0f} us "
         f"({lo['rgpo_with_diagnostics_over_ppo']:.2f}x).",
     ]
     with open(args.out + ".md", "w") as f:

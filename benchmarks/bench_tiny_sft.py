@@ -35,7 +35,8 @@ from rgpo_trl.tiny_hh.world import find_item  # noqa: E402
 
 def train_policy_with_sfttrainer(tok, train_rows, s: BuildSettings, seed: int, workdir: Path, log):
     """TRL's SFTTrainer on conversational prompt/completion pairs (loss on the completion only). The targets
-    are a *mix* of response kinds (RESPONSE_KINDS weights), so the policy's samples have mixed gold quality."""
+    are a *mix* of response kinds (RESPONSE_KINDS weights), so the policy's samples have mixed gold
+    quality."""
     from datasets import Dataset
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from trl import SFTConfig, SFTTrainer
@@ -44,10 +45,21 @@ def train_policy_with_sfttrainer(tok, train_rows, s: BuildSettings, seed: int, w
 
     torch.manual_seed(seed)
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=s.policy_hidden, intermediate_size=2 * s.policy_hidden,
-                      num_hidden_layers=s.policy_layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=1024, tie_word_embeddings=True, eos_token_id=eos, pad_token_id=pad,
-                      bos_token_id=None, rope_theta=10000.0, use_cache=True)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=s.policy_hidden,
+        intermediate_size=2 * s.policy_hidden,
+        num_hidden_layers=s.policy_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=None,
+        rope_theta=10000.0,
+        use_cache=True,
+    )
     model = Qwen2ForCausalLM(cfg)
     rng = random.Random(seed + 1)
     prompts, completions = [], []
@@ -60,12 +72,29 @@ def train_policy_with_sfttrainer(tok, train_rows, s: BuildSettings, seed: int, w
             [{"role": "assistant", "content": make_response(sample_kind(rng), topic, parts, rng)}]
         )
     dataset = Dataset.from_dict({"prompt": prompts, "completion": completions})
-    args = SFTConfig(output_dir=str(workdir / "sft_trainer"), per_device_train_batch_size=s.sft_batch_size,
-                     num_train_epochs=s.sft_epochs, learning_rate=s.sft_lr, lr_scheduler_type="linear",
-                     warmup_steps=20, weight_decay=0.0, max_grad_norm=1.0, logging_steps=50, save_strategy="no",
-                     report_to="none", seed=seed, data_seed=seed, use_cpu=True, disable_tqdm=True, bf16=False,
-                     dataloader_num_workers=0, max_length=None, completion_only_loss=True, eos_token="<|im_end|>",
-                     pad_token="<|endoftext|>")  # fmt: skip
+    args = SFTConfig(
+        output_dir=str(workdir / "sft_trainer"),
+        per_device_train_batch_size=s.sft_batch_size,
+        num_train_epochs=s.sft_epochs,
+        learning_rate=s.sft_lr,
+        lr_scheduler_type="linear",
+        warmup_steps=20,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        logging_steps=50,
+        save_strategy="no",
+        report_to="none",
+        seed=seed,
+        data_seed=seed,
+        use_cpu=True,
+        disable_tqdm=True,
+        bf16=False,
+        dataloader_num_workers=0,
+        max_length=None,
+        completion_only_loss=True,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok)
     t0 = time.time()
     out = trainer.train()
@@ -104,16 +133,24 @@ def main() -> None:
         + (" --quick" if a.quick else "")
         + f" --rounds {a.rounds}"
     )
-    result = {"command": command, "settings": "QUICK" if a.quick else "FULL", "rows": len(rows), "seconds": times,
-              "sfttrainer_over_builder_loop": ratio, "torch": torch.__version__, "platform": platform.platform(),
-              "load_average_at_end": os.getloadavg()}  # fmt: skip
+    result = {
+        "command": command,
+        "settings": "QUICK" if a.quick else "FULL",
+        "rows": len(rows),
+        "seconds": times,
+        "sfttrainer_over_builder_loop": ratio,
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "load_average_at_end": os.getloadavg(),
+    }
     Path(a.out + ".json").write_text(json.dumps(result, indent=2))
     md = [
         "# tiny-HH policy SFT: the builder's loop vs TRL's SFTTrainer",
         "",
         f"Command: `{command}`  ",
-        f"{result['settings']} settings ({len(rows)} dialogues, {s.sft_epochs} epoch(s), batch {s.sft_batch_size}), "
-        f"interleaved rounds, one torch thread; load average at the end {os.getloadavg()[0]:.1f} (shared 2-core machine).",
+        f"{result['settings']} settings ({len(rows)} dialogues, {s.sft_epochs} epoch(s), batch "
+        f"{s.sft_batch_size}), interleaved rounds, one torch thread; load average at the end "
+        f"{os.getloadavg()[0]:.1f} (shared 2-core machine).",
         "",
         "| variant | seconds per round | median |",
         "|---|---|---|",
@@ -122,8 +159,9 @@ def main() -> None:
             for k, v in times.items()
         ],
         "",
-        f"SFTTrainer / builder loop: **{ratio:.2f}x** the time. Likely causes (not measured separately): the builder's loop "
-        "computes the LM head on the response positions only and has no per-step Trainer overhead.",
+        f"SFTTrainer / builder loop: **{ratio:.2f}x** the time. Likely causes (not measured separately): the "
+        "builder's loop computes the LM head on the response positions only and has no per-step Trainer "
+        "overhead.",
     ]
     Path(a.out + ".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

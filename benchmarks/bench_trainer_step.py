@@ -10,8 +10,8 @@ iteration of each run is discarded as warm-up.
 Reported: the median over repeats of the ratio of mean optimizer-step times (TRL's own ``step_time`` metric:
 generation, scoring, loss, backward, optimizer), the same for the loss computation alone (``compute_loss``
 forward, i.e. the part that differs), and the number of model forward passes made while scoring
-(``_get_per_token_logps_and_entropies``: old, reference and training forwards) and in total, per optimizer step.
-Writes ``benchmarks/results/trainer_step.{csv,json,md}``.
+(``_get_per_token_logps_and_entropies``: old, reference and training forwards) and in total, per optimizer
+step. Writes ``benchmarks/results/trainer_step.{csv,json,md}``.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_trainer_step.py --repeats 8 --steps 8
 """
@@ -157,7 +157,8 @@ def main() -> None:
         "--candidate",
         choices=["rgpo", "ppo"],
         default="rgpo",
-        help="trainer compared with GRPOTrainer: RGPOTrainer (writes trainer_step.*) or PPORLHFTrainer (ppo_step.*)",
+        help="trainer compared with GRPOTrainer: RGPOTrainer (writes trainer_step.*) or PPORLHFTrainer "
+        "(ppo_step.*)",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -255,9 +256,9 @@ def main() -> None:
         "",
         f"Setup: {setup['model']}; {setup['batch']}; completions forced to {args.completion_length} tokens; "
         f"beta 0.05, num_iterations 2 for both; GRPO loss_type 'grpo'; {label}: {setup[args.candidate]}. "
-        f"{args.repeats} repeats, trainers alternated (ABAB/BABA), "
-        f"{args.steps} optimizer steps per run, first {warmup_steps} discarded. CPU, torch threads {args.threads}, "
-        f"load average at the end {env['load_average_at_end'][0]:.1f} on {env['cpu_count']} cores (shared machine).",
+        f"{args.repeats} repeats, trainers alternated (ABAB/BABA), {args.steps} optimizer steps per run, "
+        f"first {warmup_steps} discarded. CPU, torch threads {args.threads}, load average at the end "
+        f"{env['load_average_at_end'][0]:.1f} on {env['cpu_count']} cores (shared machine).",
         "",
         f"| | {label} | GRPOTrainer | ratio {label}/GRPOTrainer |",
         "|---|---|---|---|",
@@ -266,16 +267,20 @@ def main() -> None:
         f"max {summary['step_time_ratio_max']:.3f}) |",
         f"| mean compute_loss time (s) | {r['compute_loss_mean_s']:.4f} | {g['compute_loss_mean_s']:.4f} | "
         f"{summary['compute_loss_ratio_median']:.3f} |",
-        f"| scoring forward passes / step | {r['forward_scoring_per_step']:.2f} | {g['forward_scoring_per_step']:.2f} | |",
+        f"| scoring forward passes / step | {r['forward_scoring_per_step']:.2f} | "
+        f"{g['forward_scoring_per_step']:.2f} | |",
         f"| all forward passes / step (incl. generation) | {r['forward_total_per_step']:.2f} | "
         f"{g['forward_total_per_step']:.2f} | |",
-        f"| value-model forward passes / step | {r['forward_value_per_step']:.2f} | {g['forward_value_per_step']:.2f} | |",
+        f"| value-model forward passes / step | {r['forward_value_per_step']:.2f} | "
+        f"{g['forward_value_per_step']:.2f} | |",
         "",
         "Ratios are medians over repeats of per-repeat ratios of mean times (a run's mean over its measured "
-        "steps, whole iterations: one generation step and one reuse step each). Scoring forwards per optimizer "
-        "step = (old + reference forwards, once per generation batch) / num_iterations + 1 training forward.",
+        "steps, whole iterations: one generation step and one reuse step each). Scoring forwards per "
+        "optimizer step = (old + reference forwards, once per generation batch) / num_iterations + 1 "
+        "training forward.",
         "",
-        f"Versions: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}.",
+        f"Versions: torch {torch.__version__}, transformers {transformers.__version__}, trl "
+        f"{trl.__version__}.",
         "",
     ]
     (args.out / f"{stem}.md").write_text("\n".join(md))

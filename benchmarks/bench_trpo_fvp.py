@@ -1,4 +1,5 @@
-"""TRPO's Fisher-vector products: rebuilding the KL gradient's graph per product, building it once, closed form.
+"""TRPO's Fisher-vector products: rebuilding the KL gradient's graph per product, building it once, closed
+form.
 
     python benchmarks/bench_trpo_fvp.py --out benchmarks/results/trpo_fvp
 
@@ -8,8 +9,8 @@ rounds in one process (median of the per-round time ratios to `rebuild`):
 
 - `rebuild`: the script before (each product: forward, KL gradient with create_graph, a second backward);
 - `rebuild2`: the same again (A/A: the noise floor of the ratios);
-- `retained`: the script's `fisher_vector_product` (the KL gradient's graph built once, one backward per product;
-  the default path);
+- `retained`: the script's `fisher_vector_product` (the KL gradient's graph built once, one backward per
+  product; the default path);
 - `closed_form`: the script's `gauss_newton_fvp` (J v and J^T u by hand through the activations at pi_old;
   --compile's path, other float rounding).
 
@@ -118,14 +119,14 @@ def main() -> None:
         "",
         f"Command: `{info['command']}`  ",
         f"Machine: {info['machine']}; one torch thread; load average at end "
-        f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} (read the interleaved ratios; absolute "
-        f"times depend on the load). 2048 states, Hopper-v4 shapes, 10 CG iterations + the step-size product; "
-        f"{a.rounds} rounds; speed-up = median of per-round time ratios. `retained` is the default path, "
-        "`closed_form` --compile's; relative difference = largest ||d - d_rebuild|| / ||d_rebuild|| of the step "
-        "direction d over the rounds.",
+        f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} (read the interleaved ratios; "
+        "absolute times depend on the load). 2048 states, Hopper-v4 shapes, 10 CG iterations + the step-size "
+        f"product; {a.rounds} rounds; speed-up = median of per-round time ratios. `retained` is the default "
+        "path, `closed_form` --compile's; relative difference = largest ||d - d_rebuild|| / ||d_rebuild|| of "
+        "the step direction d over the rounds.",
         "",
-        "| width | variant | CG ms | speed-up vs rebuild | speed-up vs retained | step bit-identical to rebuild "
-        "| relative difference |",
+        "| width | variant | CG ms | speed-up vs rebuild | speed-up vs retained | step bit-identical to "
+        "rebuild | relative difference |",
         "|---|---|---|---|---|---|---|",
     ]
     for w, r in results.items():
@@ -134,9 +135,15 @@ def main() -> None:
                 f"| {w} | {v} | {x['ms']:.0f} | {x['speedup']:.2f}x | {x['speedup_vs_retained']:.2f}x | "
                 f"{x['bit_identical']} | {x['max_rel_diff']:.1e} |"
             )
-    lines += ["", "Whole `trpo_step` (gradient, CG, line search), ms: "
-              + "; ".join(f"width {w}: {r['trpo_step_ms']:.0f} with `retained`, "
-                          f"{r['trpo_step_closed_form_ms']:.0f} with `closed_form`" for w, r in results.items())]  # fmt: skip
+    lines += [
+        "",
+        "Whole `trpo_step` (gradient, CG, line search), ms: "
+        + "; ".join(
+            f"width {w}: {r['trpo_step_ms']:.0f} with `retained`, "
+            f"{r['trpo_step_closed_form_ms']:.0f} with `closed_form`"
+            for w, r in results.items()
+        ),
+    ]
     write_outputs(a.out, info, lines)
 
 

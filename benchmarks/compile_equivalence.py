@@ -1,8 +1,9 @@
-"""Does `--compile` learn the same as the eager update? Reads the grid suite `compile_equiv`.
+r"""Does `--compile` learn the same as the eager update? Reads the grid suite `compile_equiv`.
 
     python mujoco_baselines/grid.py compile_equiv --jobs 2      # 48 runs: 4 scripts x Hopper/HalfCheetah x
                                                                  # seeds 0-2 x eager/--compile, 300k steps
-    python benchmarks/compile_equivalence.py results/mujoco --out benchmarks/results/mujoco_compile_equivalence
+    python benchmarks/compile_equivalence.py results/mujoco \
+        --out benchmarks/results/mujoco_compile_equivalence
 
 `--compile` changes float rounding (inductor fuses and reorders operations), so runs of the same seed diverge
 after a few iterations and only distributions can be compared. Per script and environment, for the final
@@ -115,10 +116,10 @@ def markdown(r: dict, command: str) -> str:
     lines = [
         "# `--compile` vs eager: learning outcomes over seeds",
         "",
-        f"Command: `{command}` (runs: `python mujoco_baselines/grid.py compile_equiv`). Mean ± sample std over "
-        "seeds 0-2, 300k steps, width 256; Δ = (compiled − eager mean) / eager seed std; p: two-sided Welch "
-        "t-test. Criterion fixed before the runs: agrees if no metric has p < 0.05 (low power with 3 seeds). "
-        f"Commits of the runs: eager {', '.join(r['commits']['eager']) or '-'}; --compile "
+        f"Command: `{command}` (runs: `python mujoco_baselines/grid.py compile_equiv`). Mean ± sample std "
+        "over seeds 0-2, 300k steps, width 256; Δ = (compiled − eager mean) / eager seed std; p: two-sided "
+        "Welch t-test. Criterion fixed before the runs: agrees if no metric has p < 0.05 (low power with 3 "
+        f"seeds). Commits of the runs: eager {', '.join(r['commits']['eager']) or '-'}; --compile "
         f"{', '.join(r['commits']['compile']) or '-'}.",
         "",
         "| script | env | metric | eager | --compile | Δ (seed stds) | p |",
@@ -132,15 +133,22 @@ def markdown(r: dict, command: str) -> str:
                 f"| {row['method']} | {row['env']} | {label} | {fmt(m['eager'], digits)} | "
                 f"{fmt(m['compile'], digits)} | {m['std_diff']:+.2f} | {m['p']:.2f} |"
             )
-    lines += ["", "| script | env | seeds (eager / compile) | agrees within seed noise | SPS eager -> compile |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| script | env | seeds (eager / compile) | agrees within seed noise | SPS eager -> compile |",
+        "|---|---|---|---|---|",
+    ]
     for row in r["rows"]:
         verdict = {True: "yes", False: "**no**"}.get(row.get("agrees"), "not enough runs")
         sps = row["SPS"]
-        speed = (f"{statistics.fmean(sps['eager']):.0f} -> {statistics.fmean(sps['compile']):.0f}"
-                 if sps["eager"] and sps["compile"] else "-")  # fmt: skip
+        speed = (
+            f"{statistics.fmean(sps['eager']):.0f} -> {statistics.fmean(sps['compile']):.0f}"
+            if sps["eager"] and sps["compile"]
+            else "-"
+        )
         lines.append(
-            f"| {row['method']} | {row['env']} | {row['n_eager']} / {row['n_compile']} | {verdict} | {speed} |"
+            f"| {row['method']} | {row['env']} | {row['n_eager']} / {row['n_compile']} | "
+            f"{verdict} | {speed} |"
         )
     if r["missing"]:
         lines += [

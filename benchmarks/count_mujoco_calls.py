@@ -1,13 +1,13 @@
 """Python function calls per training iteration of the MuJoCo scripts, current vs an earlier version: a
-load-independent companion to bench_mujoco_refactor.py, whose wall-clock ratios a shared VM's timing noise cannot
-resolve to the 3% the refactor is held to.
+load-independent companion to bench_mujoco_refactor.py, whose wall-clock ratios a shared VM's timing noise
+cannot resolve to the 3% the refactor is held to.
 
     python benchmarks/count_mujoco_calls.py --baseline-ref <git ref> [--compile]
 
-The two versions compute bit-identical numbers (benchmarks/results/mujoco_bit_identity.md), i.e. the same torch
-kernels on the same data, so what the refactor can change is Python-level work around them. Each script runs
-under ``sys.setprofile`` counting Python calls ("call") and calls into C ("c_call", torch ops included) for
-``--short`` and ``--long`` iterations (Hopper-v4, width 256, seed 1); the difference divided by the extra
+The two versions compute bit-identical numbers (benchmarks/results/mujoco_bit_identity.md), i.e. the same
+torch kernels on the same data, so what the refactor can change is Python-level work around them. Each script
+runs under ``sys.setprofile`` counting Python calls ("call") and calls into C ("c_call", torch ops included)
+for ``--short`` and ``--long`` iterations (Hopper-v4, width 256, seed 1); the difference divided by the extra
 iterations is the steady-state count per iteration (start-up and compilation cancel out). Counts, not timings:
 the machine's load does not change them (garbage collection can add a few calls).
 """
@@ -46,8 +46,12 @@ finally:
 def count_calls(script: str, out: str, iterations: int, compile_: bool, env: dict) -> dict[str, int]:
     result = os.path.join(out, "counts.json")
     os.makedirs(out, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-c", COUNTER, script, result, *hopper_args(out, iterations, compile_)],
-                          env=env, capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNTER, script, result, *hopper_args(out, iterations, compile_)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{script} failed under the call counter:\n{proc.stderr[-3000:]}")
     with open(result) as f:
@@ -74,8 +78,10 @@ def main() -> None:
             row = {"method": method}
             for variant, root in (("baseline", tmp), ("current", ROOT)):
                 script = os.path.join(root, "mujoco_baselines", f"{method}_continuous_action.py")
-                c = {n: count_calls(script, os.path.join(tmp, f"{method}_{variant}_{n}"), n, a.compile, env)
-                     for n in (a.short, a.long)}  # fmt: skip
+                c = {
+                    n: count_calls(script, os.path.join(tmp, f"{method}_{variant}_{n}"), n, a.compile, env)
+                    for n in (a.short, a.long)
+                }
                 for event in ("call", "c_call"):
                     row[f"{variant}_{event}"] = (c[a.long].get(event, 0) - c[a.short].get(event, 0)) / (
                         a.long - a.short
@@ -83,17 +89,24 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
     info = run_info("count_mujoco_calls.py", True, baseline_commit=commit, head_commit=head, rows=rows)
-    lines = ["# MuJoCo scripts: Python calls per iteration, current vs an earlier version", "",
-             f"Command: `{info['command']}`; baseline {commit[:10]}, current {head[:10]}; {info['machine']}. "
-             f"Hopper-v4, width 256, {'--compile' if a.compile else 'eager (the default)'}; per iteration = (count "
-             f"at {a.long} iterations - count at {a.short}) / {a.long - a.short}. Counts, not timings: load does not "
-             "change them.", "",
-             "| script | Python calls, baseline | current | current / baseline | calls into C (torch ops included), "
-             "baseline | current | current / baseline |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# MuJoCo scripts: Python calls per iteration, current vs an earlier version",
+        "",
+        f"Command: `{info['command']}`; baseline {commit[:10]}, current {head[:10]}; {info['machine']}. "
+        f"Hopper-v4, width 256, {'--compile' if a.compile else 'eager (the default)'}; per iteration = "
+        f"(count at {a.long} iterations - count at {a.short}) / {a.long - a.short}. Counts, not timings: "
+        "load does not change them.",
+        "",
+        "| script | Python calls, baseline | current | current / baseline | calls into C (torch ops "
+        "included), baseline | current | current / baseline |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['method']} | {r['baseline_call']:.0f} | {r['current_call']:.0f} | "
-                     f"{r['current_call'] / r['baseline_call']:.3f} | {r['baseline_c_call']:.0f} | "
-                     f"{r['current_c_call']:.0f} | {r['current_c_call'] / r['baseline_c_call']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {r['method']} | {r['baseline_call']:.0f} | {r['current_call']:.0f} | "
+            f"{r['current_call'] / r['baseline_call']:.3f} | {r['baseline_c_call']:.0f} | "
+            f"{r['current_c_call']:.0f} | {r['current_c_call'] / r['baseline_c_call']:.3f} |"
+        )
     write_outputs(out, info, lines)
 
 

@@ -20,6 +20,7 @@ from mujoco_baselines.common import (
     UpdateStep,
     cli,
     iteration_metrics,
+    minibatches,
     resolve_args,
     seed_everything,
 )
@@ -58,7 +59,8 @@ class Args:
     """keep checkpoint.pt after the run finished (default: deleted, the results stay)"""
     eval_episodes: int = 10
     """deterministic evaluation at the end of the run: this many episodes of the mean action on a separate
-    environment with frozen observation normalisation (final.json: eval_return_mean / _std / episodes); 0 skips"""
+    environment with frozen observation normalisation (final.json: eval_return_mean / _std / episodes);
+    0 skips"""
     eval_every: int = 0
     """also evaluate every N iterations (eval.csv); 0: at the end only"""
 
@@ -182,8 +184,15 @@ def main(args: Args) -> dict:
     agent = Agent(env.obs_dim, env.act_dim, args)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     # the mini-batch step: eager, or with --compile the same step as one compiled function (chosen here, once)
-    update = UpdateStep(agent, optimizer, lambda agent, *batch: minibatch_loss(agent, *batch, args=args),
-                        agent.parameters(), args.max_grad_norm, agent.policy_parameters(), fast=args.compile)  # fmt: skip
+    update = UpdateStep(
+        agent,
+        optimizer,
+        lambda agent, *batch: minibatch_loss(agent, *batch, args=args),
+        agent.parameters(),
+        args.max_grad_norm,
+        agent.policy_parameters(),
+        fast=args.compile,
+    )
     rollout = Rollout(args, env, agent, fast=args.compile)
     run.restore({"agent": agent, "optimizer": optimizer, "env": env}, rollout)
     T, mb = args.num_steps, args.minibatch_size
@@ -211,8 +220,8 @@ def main(args: Args) -> dict:
             update.begin_iteration()
             epochs_run = 0
             for epoch in range(args.update_epochs):
-                batches = [(obs[idx], actions[idx], b_advantages[idx], b_logprobs[idx], b_returns[idx], b_values[idx])
-                           for idx in torch.randperm(T).split(mb)]  # fmt: skip
+                idxs = torch.randperm(T).split(mb)
+                batches = minibatches(idxs, obs, actions, b_advantages, b_logprobs, b_returns, b_values)
                 for _loss, (_newlogprob, pg_loss, v_loss, mb_stats) in update.steps(
                     batches, iteration, epoch
                 ):
@@ -229,9 +238,24 @@ def main(args: Args) -> dict:
             # ---- logging
             st = torch.stack(stats).double().numpy()
             ls = torch.stack(losses).double().numpy()
-            row = iteration_metrics(args, iteration, rollout, run, agent, optimizer, st, ls, update.grad_var(st.shape[0]),
-                                    adv_np, values_np, n_episodes_before, epochs_run, kl_final,
-                                    (iter_start, rollout_time, update_time), STAT_NAMES)  # fmt: skip
+            row = iteration_metrics(
+                args,
+                iteration,
+                rollout,
+                run,
+                agent,
+                optimizer,
+                st,
+                ls,
+                update.grad_var(st.shape[0]),
+                adv_np,
+                values_np,
+                n_episodes_before,
+                epochs_run,
+                kl_final,
+                (iter_start, rollout_time, update_time),
+                STAT_NAMES,
+            )
             run.log(iteration, row, agent, env)
         return run.finish(agent, env)
     finally:

@@ -1,14 +1,14 @@
-"""What the four MuJoCo scripts share and is not the algorithm, in the role of CleanRL's ``cleanrl_utils``: the
-environment with its normalisation, the agent network, checkpoints, run information, TensorBoard keys and the
-deterministic evaluation. The scripts import it like any library; each keeps its algorithm (Args, rollout,
+"""What the four MuJoCo scripts share and is not the algorithm, in the role of CleanRL's ``cleanrl_utils``:
+the environment with its normalisation, the agent network, checkpoints, run information, TensorBoard keys and
+the deterministic evaluation. The scripts import it like any library; each keeps its algorithm (Args, rollout,
 advantages, update, metrics) readable top to bottom.
 
 The deterministic evaluation: the training return (mean of the last 100 stochastic training episodes) mixes
 exploration noise and a policy that changes during those episodes; `evaluate` runs the mean action on an
-environment instance of its own with the training run's observation normalisation frozen. It reads the agent and
-the normalisation statistics and changes neither, and draws nothing from Python's, NumPy's or torch's global
-random streams (the evaluation environment is seeded on its own), so a run's training metrics are the same with
-and without it, and a resumed run evaluates like an uninterrupted one.
+environment instance of its own with the training run's observation normalisation frozen. It reads the agent
+and the normalisation statistics and changes neither, and draws nothing from Python's, NumPy's or torch's
+global random streams (the evaluation environment is seeded on its own), so a run's training metrics are the
+same with and without it, and a resumed run evaluates like an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ SQRT2 = math.sqrt(2.0)
 
 
 def _mujoco_warning(message: str) -> None:
-    """MuJoCo's warnings as it prints them, less one: gymnasium's v4 model files still set `settotalmass`, which
-    MuJoCo 3 reports as deprecated on every load of HalfCheetah or Ant, with nothing for a user to act on."""
+    """MuJoCo's warnings as it prints them, less one: gymnasium's v4 model files still set `settotalmass`,
+    which MuJoCo 3 reports as deprecated on every load of HalfCheetah or Ant, with nothing for a user to act
+    on."""
     if "settotalmass" not in message:
         print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
@@ -85,7 +86,8 @@ def check_env(env_id: str) -> None:
             if not isinstance(space, gym.spaces.Box):
                 raise UsageError(
                     f"env_id {env_id!r} has a {type(space).__name__} {what} space; these scripts need Box "
-                    "(continuous) actions and observations, e.g. HalfCheetah-v4, Walker2d-v4, Hopper-v4, Ant-v4"
+                    "(continuous) actions and observations, e.g. HalfCheetah-v4, Walker2d-v4, Hopper-v4, "
+                    "Ant-v4"
                 )
     finally:
         env.close()
@@ -161,14 +163,17 @@ class MujocoEnv:
         sim = np.empty(mujoco.mj_stateSize(u.model, mujoco.mjtState.mjSTATE_INTEGRATION))
         mujoco.mj_getState(u.model, u.data, sim, mujoco.mjtState.mjSTATE_INTEGRATION)
         return {
-            "obs_rms": [torch.from_numpy(self.obs_rms.mean.copy()), torch.from_numpy(self.obs_rms.var.copy()),
-                        self.obs_rms.count],
+            "obs_rms": [
+                torch.from_numpy(self.obs_rms.mean.copy()),
+                torch.from_numpy(self.obs_rms.var.copy()),
+                self.obs_rms.count,
+            ],
             "ret_rms": [float(self.ret_rms.mean), float(self.ret_rms.var), self.ret_rms.count],
             "discounted": self.discounted,
             "episode": [self.ep_return, self.ep_length, self._time_limit()._elapsed_steps],
             "sim": torch.from_numpy(sim),
             "np_random": u.np_random.bit_generator.state,
-        }  # fmt: skip
+        }
 
     def load_state_dict(self, state: dict) -> None:
         u = self.env.unwrapped
@@ -233,7 +238,8 @@ def save_checkpoint(path: str, checkpoint: dict) -> None:
 
 
 def load_checkpoint(path: str, args) -> dict:
-    """The checkpoint at `path`, checked (readable, complete, same configuration) before anything is loaded."""
+    """The checkpoint at `path`, checked (readable, complete, same configuration) before anything is
+    loaded."""
     try:
         checkpoint = torch.load(path, weights_only=True)
     except Exception as err:
@@ -251,8 +257,11 @@ def load_checkpoint(path: str, args) -> dict:
     defaults = {f.name: f.default for f in fields(args)}
     # a field added after the checkpoint was written is no difference while it keeps its default
     saved = {**{k: v for k, v in current.items() if k not in saved and v == defaults.get(k)}, **saved}
-    diff = [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in sorted(set(saved) | set(current))
-            if saved.get(k) != current.get(k)]  # fmt: skip
+    diff = [
+        f"{k}: {saved.get(k)!r} -> {current.get(k)!r}"
+        for k in sorted(set(saved) | set(current))
+        if saved.get(k) != current.get(k)
+    ]
     if diff:
         raise CheckpointError(
             f"checkpoint {path} was written with another configuration ({'; '.join(diff)}); "
@@ -265,8 +274,12 @@ def run_info() -> dict:
     """Machine, package versions and the git commit, written next to every run's results."""
     try:
         root = os.path.dirname(os.path.abspath(__file__))
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None  # fmt: skip
+        commit = (
+            subprocess.run(
+                ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
@@ -320,8 +333,9 @@ class Agent(nn.Module):
         """actor_mean as a numpy function on views of the same weights (`W @ x + b`, tanh; they follow every
         in-place update): the same function with other kernels, so other float rounding. --compile's rollout
         step (speed: benchmarks/results/mujoco_rollout.md)."""
-        (w0, b0), (w1, b1), (w2, b2) = [(lin.weight.detach().numpy(), lin.bias.detach().numpy())
-                                        for lin in self.actor_mean[::2]]  # fmt: skip
+        (w0, b0), (w1, b1), (w2, b2) = [
+            (lin.weight.detach().numpy(), lin.bias.detach().numpy()) for lin in self.actor_mean[::2]
+        ]
         return lambda x: w2 @ np.tanh(w1 @ np.tanh(w0 @ x + b0) + b1) + b2
 
     def policy_parameters(self):
@@ -346,7 +360,8 @@ def check_finite(loss, pg_loss, v_loss, iteration, epoch, minibatch):
     if not torch.isfinite(loss):
         raise NonFiniteLossError(
             f"non-finite loss at iteration {iteration} (epoch {epoch}, mini-batch {minibatch}): "
-            f"policy_loss={pg_loss.item()}, value_loss={v_loss.item()}; stopping instead of training on garbage"
+            f"policy_loss={pg_loss.item()}, value_loss={v_loss.item()}; stopping instead of training on "
+            "garbage"
         )
 
 
@@ -364,8 +379,9 @@ EVAL_SEED_OFFSET = 10_000  # the evaluation environment's seed is the run's seed
 
 
 def evaluate(env, agent, args) -> list[float]:
-    """Undiscounted returns of ``args.eval_episodes`` episodes of ``agent.mean_action`` on a new ``args.env_id``
-    environment, observations normalised with ``env``'s statistics as they are now (not updated)."""
+    """Undiscounted returns of ``args.eval_episodes`` episodes of ``agent.mean_action`` on a new
+    ``args.env_id`` environment, observations normalised with ``env``'s statistics as they are now (not
+    updated)."""
     with warnings.catch_warnings():  # the v4 ids' deprecation notice was shown by the training env
         warnings.simplefilter("ignore", DeprecationWarning)
         eval_env = gym.make(args.env_id)
@@ -401,7 +417,8 @@ def eval_summary(returns: list[float]) -> dict:
 
 
 def write_eval_csv(run_dir: str, rows: list[dict]) -> None:
-    """eval.csv, one row per periodic evaluation (iteration, global_step, mean, std), rewritten whole each time."""
+    """eval.csv, one row per periodic evaluation (iteration, global_step, mean, std), rewritten whole each
+    time."""
     path = os.path.join(run_dir, "eval.csv")
     with open(path + ".tmp", "w", newline="") as f:
         writer = csv.DictWriter(
@@ -436,15 +453,16 @@ def resolve_args(args) -> None:
     steps = args.num_iterations * args.batch_size
     if steps != args.total_timesteps:
         print(
-            f"total_timesteps {args.total_timesteps} is not a multiple of num_steps {args.num_steps}: running "
-            f"{args.num_iterations} iterations = {steps} steps",
+            f"total_timesteps {args.total_timesteps} is not a multiple of num_steps {args.num_steps}: "
+            f"running {args.num_iterations} iterations = {steps} steps",
             flush=True,
         )
 
 
 def cli(main, args_class, description: str) -> None:
-    """A script's entry point: tyro parses ``args_class`` (``--help`` starts with ``description``), ``main`` runs;
-    a bad input, an unusable checkpoint or a non-finite loss exits with one line (``--debug``: the traceback)."""
+    """A script's entry point: tyro parses ``args_class`` (``--help`` starts with ``description``), ``main``
+    runs; a bad input, an unusable checkpoint or a non-finite loss exits with one line (``--debug``: the
+    traceback)."""
     import tyro
 
     from rgpo_trl.cli import run_main
@@ -463,16 +481,18 @@ def seed_everything(args) -> None:
 
 
 class Rollout:
-    """One environment's rollout storage and episode bookkeeping. Per step only the policy mean is evaluated (the
-    noise is drawn and scaled once per rollout); log-probs and values are computed for the whole batch afterwards.
-    The per-step mean is chosen once: torch on the module's weights (bit-identical to ``actor_mean``), or with
-    ``fast`` (--compile) the numpy form on views of the same weights (the same function, other rounding)."""
+    """One environment's rollout storage and episode bookkeeping. Per step only the policy mean is evaluated
+    (the noise is drawn and scaled once per rollout); log-probs and values are computed for the whole batch
+    afterwards. The per-step mean is chosen once: torch on the module's weights (bit-identical to
+    ``actor_mean``), or with ``fast`` (--compile) the numpy form on views of the same weights (the same
+    function, other rounding)."""
 
     def __init__(
         self, args, env: MujocoEnv, agent: nn.Module, fast: bool = False, actor: nn.Module | None = None
     ):
         T = args.num_steps
-        # `actor` acts and gives the behaviour log-probs (an older copy under --policy-lag); `agent`'s critic values
+        # `actor` acts and gives the behaviour log-probs (an older copy under --policy-lag); `agent`'s critic
+        # values
         self.env, self.agent, self.actor = env, agent, agent if actor is None else actor
         self.obs, self.actions = torch.zeros((T, env.obs_dim)), torch.zeros((T, env.act_dim))
         self.rewards = np.zeros(T, np.float64)
@@ -491,8 +511,9 @@ class Rollout:
         return self._numpy_mean(self.obs_np[step]) + noise_np[step]
 
     def collect(self, writer=None):
-        """Fill the storage with the next ``num_steps`` steps; returns (values and value of the next observation
-        under the current critic, log-probs of the actions under the acting actor: the behaviour policy)."""
+        """Fill the storage with the next ``num_steps`` steps; returns (values and value of the next
+        observation under the current critic, log-probs of the actions under the acting actor: the behaviour
+        policy)."""
         agent, actor, T = self.agent, self.actor, len(self.rewards)
         noise = torch.randn((T, self.env.act_dim))
         with torch.inference_mode():
@@ -541,11 +562,12 @@ def check_stale_sample_args(args) -> None:
 
 
 class PolicyLag:
-    """``--policy-lag L``: iteration t's rollout is collected by the actor of iteration t - L (the actor as it was
-    when iteration max(1, t - L) began), as in asynchronous actor-learner systems whose actors run behind the
-    learner. A ring of the last L + 1 actors' weights; ``actor`` is a copy of the agent loaded from the oldest
-    entry before each rollout, so the rollout's actions and behaviour log-probs are that actor's. The critic is
-    never lagged. L = 0: ``actor`` is the agent itself and nothing is copied (the runs of before, bit for bit)."""
+    """``--policy-lag L``: iteration t's rollout is collected by the actor of iteration t - L (the actor as it
+    was when iteration max(1, t - L) began), as in asynchronous actor-learner systems whose actors run behind
+    the learner. A ring of the last L + 1 actors' weights; ``actor`` is a copy of the agent loaded from the
+    oldest entry before each rollout, so the rollout's actions and behaviour log-probs are that actor's. The
+    critic is never lagged. L = 0: ``actor`` is the agent itself and nothing is copied (the runs of before,
+    bit for bit)."""
 
     def __init__(self, agent: nn.Module, lag: int):
         if lag < 0:
@@ -580,14 +602,14 @@ class PolicyLag:
 def truncated_weight(
     prox_logprob: torch.Tensor, behaviour_logprob: torch.Tensor, max_weight: float
 ) -> torch.Tensor:
-    """The decoupled objectives' importance weight min(pi_prox / pi_behaviour, max_weight) (Hilton et al., 2021,
-    truncated as V-trace truncates its rho); exactly 1 where the two log-probs are equal."""
+    """The decoupled objectives' importance weight min(pi_prox / pi_behaviour, max_weight) (Hilton et al.,
+    2021, truncated as V-trace truncates its rho); exactly 1 where the two log-probs are equal."""
     return (prox_logprob - behaviour_logprob).exp().clamp(max=max_weight)
 
 
 def behaviour_ratio_stats(prox_logprob: torch.Tensor, behaviour_logprob: torch.Tensor) -> dict[str, float]:
-    """How stale the rollout is as the update starts: r_b = pi_prox / pi_behaviour over the batch (mean, max, the
-    share with max(r_b, 1 / r_b) beyond 1.2 and beyond 2) and KLhat(pi_prox, pi_behaviour)."""
+    """How stale the rollout is as the update starts: r_b = pi_prox / pi_behaviour over the batch (mean, max,
+    the share with max(r_b, 1 / r_b) beyond 1.2 and beyond 2) and KLhat(pi_prox, pi_behaviour)."""
     log_r = prox_logprob.double() - behaviour_logprob.double()
     far = log_r.abs()
     return {
@@ -600,16 +622,17 @@ def behaviour_ratio_stats(prox_logprob: torch.Tensor, behaviour_logprob: torch.T
 
 
 def minibatches(idxs, *tensors, shared: tuple = ()) -> list[tuple]:
-    """One tuple per mini-batch index set: each tensor indexed, a None (an input the variant does not use) kept,
-    then the ``shared`` inputs of every mini-batch (e.g. RGPO's beta)."""
+    """One tuple per mini-batch index set: each tensor indexed, a None (an input the variant does not use)
+    kept, then the ``shared`` inputs of every mini-batch (e.g. RGPO's beta)."""
     return [(*(None if t is None else t[idx] for t in tensors), *shared) for idx in idxs]
 
 
 class UpdateStep:
-    """The mini-batch optimiser step, eager or --compile (`CompiledAdamStep`: the same step as one compiled function,
-    4 mini-batches per call), chosen once at setup behind one call: ``steps(batches, iteration, epoch)`` yields each
-    mini-batch's (loss, aux) after its step. It accumulates the statistics of the gradient variance (the gradients
-    of ``tracked`` parameters, before clipping): ``g_sum``, ``g_sqsum``."""
+    """The mini-batch optimiser step, eager or --compile (`CompiledAdamStep`: the same step as one compiled
+    function, 4 mini-batches per call), chosen once at setup behind one call:
+    ``steps(batches, iteration, epoch)`` yields each mini-batch's (loss, aux) after its step. It accumulates
+    the statistics of the gradient variance (the gradients of ``tracked`` parameters, before clipping):
+    ``g_sum``, ``g_sqsum``."""
 
     def __init__(
         self,
@@ -636,8 +659,8 @@ class UpdateStep:
                 agent, optimizer, loss_fn, self.params, max_grad_norm, tracked or ()
             )
         self.steps = self._compiled_steps if self.compiled is not None else self._eager_steps
-        # a per-iteration scalar input of the loss (e.g. RGPO's beta): a float for the eager step, a tensor for the
-        # compiled one (a new Python float would make torch.compile recompile)
+        # a per-iteration scalar input of the loss (e.g. RGPO's beta): a float for the eager step, a tensor
+        # for the compiled one (a new Python float would make torch.compile recompile)
         self.scalar = torch.tensor if self.compiled is not None else float
         self.g_sum, self.g_sqsum = None, 0.0
 
@@ -674,14 +697,30 @@ class UpdateStep:
 
 
 def gradient_variance(g_sum, g_sqsum: float, n_mb: int, n_params: int) -> float:
-    """Per-parameter variance of the policy gradient over an iteration's ``n_mb`` mini-batches, from the sum of the
-    gradients and of their squared norms (before clipping)."""
+    """Per-parameter variance of the policy gradient over an iteration's ``n_mb`` mini-batches, from the sum
+    of the gradients and of their squared norms (before clipping)."""
     g_mean = g_sum.double() / n_mb
     return max(g_sqsum / n_mb - float(g_mean.dot(g_mean)), 0.0) / n_params
 
 
-def iteration_metrics(args, iteration, rollout: Rollout, run, agent, optimizer, st, ls, grad_var, adv_np, values_np,
-                      n_episodes_before, epochs_run, kl_final, times, stat_names):  # fmt: skip
+def iteration_metrics(
+    args,
+    iteration,
+    rollout: Rollout,
+    run,
+    agent,
+    optimizer,
+    st,
+    ls,
+    grad_var,
+    adv_np,
+    values_np,
+    n_episodes_before,
+    epochs_run,
+    kl_final,
+    times,
+    stat_names,
+):
     """The per-iteration row every script writes (same keys and order), then the method's extra statistics
     (``stat_names[2:]``: ``*_max`` as maxima, the others as means over the mini-batches)."""
     episode_returns, global_step = rollout.episode_returns, rollout.global_step
@@ -721,10 +760,10 @@ def iteration_metrics(args, iteration, rollout: Rollout, run, agent, optimizer, 
 
 
 class Run:
-    """A run's directory and life: config.json (every flag, machine, versions, commit), TensorBoard, metrics.csv,
-    the optional periodic evaluation, checkpoints (saved atomically every ``checkpoint_every`` iterations, loaded
-    with ``torch.load(weights_only=True)``; another configuration or an unreadable file is refused before anything
-    is loaded) and final.json (written whole, with the deterministic evaluation)."""
+    """A run's directory and life: config.json (every flag, machine, versions, commit), TensorBoard,
+    metrics.csv, the optional periodic evaluation, checkpoints (saved atomically every ``checkpoint_every``
+    iterations, loaded with ``torch.load(weights_only=True)``; another configuration or an unreadable file is
+    refused before anything is loaded) and final.json (written whole, with the deterministic evaluation)."""
 
     def __init__(self, args, tb_keys: dict):
         self.args, self.tb_keys = args, tb_keys
@@ -754,7 +793,8 @@ class Run:
 
     def restore(self, stateful: dict, rollout: Rollout) -> None:
         """Continue from the checkpoint (if resuming): the ``stateful`` objects, RNG states, the rollout's
-        episode in progress and counters, the metrics rows up to it; then (re)write metrics.csv up to there."""
+        episode in progress and counters, the metrics rows up to it; then (re)write metrics.csv up to
+        there."""
         self.stateful, self.rollout = stateful, rollout
         self.start_time = time.time()
         checkpoint = self.checkpoint
@@ -796,7 +836,8 @@ class Run:
         return range(self.start_iteration, self.args.num_iterations + 1)
 
     def log(self, iteration: int, row: dict, agent, env) -> None:
-        """metrics.csv, TensorBoard, the console line, the periodic evaluation and the checkpoint of an iteration."""
+        """metrics.csv, TensorBoard, the console line, the periodic evaluation and the checkpoint of an
+        iteration."""
         args, rollout = self.args, self.rollout
         if self.csv_writer is None:
             self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=list(row))
@@ -814,8 +855,13 @@ class Run:
             )
         if args.eval_every > 0 and args.eval_episodes > 0 and iteration % args.eval_every == 0:
             summary = eval_summary(evaluate(env, agent, args))
-            self.eval_rows.append({"iteration": iteration, "global_step": rollout.global_step,
-                                   **{k: summary[k] for k in ("eval_return_mean", "eval_return_std")}})  # fmt: skip
+            self.eval_rows.append(
+                {
+                    "iteration": iteration,
+                    "global_step": rollout.global_step,
+                    **{k: summary[k] for k in ("eval_return_mean", "eval_return_std")},
+                }
+            )
             write_eval_csv(self.dir, self.eval_rows)
         if (
             args.checkpoint_every > 0
@@ -834,11 +880,16 @@ class Run:
                 "rows": self.rows,
                 "eval_rows": self.eval_rows,
             }
-            save_checkpoint(self.ckpt_path, {
-                "args": checkpoint_args(args), "progress": progress, "rng": rng_state(),
-                "next_obs": torch.from_numpy(np.array(rollout.next_obs)),
-                **{name: obj.state_dict() for name, obj in self.stateful.items()},
-            })  # fmt: skip
+            save_checkpoint(
+                self.ckpt_path,
+                {
+                    "args": checkpoint_args(args),
+                    "progress": progress,
+                    "rng": rng_state(),
+                    "next_obs": torch.from_numpy(np.array(rollout.next_obs)),
+                    **{name: obj.state_dict() for name, obj in self.stateful.items()},
+                },
+            )
 
     def finish(self, agent, env) -> dict:
         """final.json (never half-written), with the deterministic evaluation; the checkpoint is removed."""
@@ -861,13 +912,13 @@ class Run:
         if args.eval_episodes > 0:
             final.update(eval_summary(evaluate(env, agent, args)), eval_seed=args.seed + EVAL_SEED_OFFSET)
         closing = (
-            f"done: {rollout.global_step} steps; training return (last {final['final_return_episodes']} episodes) "
-            f"{final['final_return']:.1f}"
+            f"done: {rollout.global_step} steps; training return (last {final['final_return_episodes']} "
+            f"episodes) {final['final_return']:.1f}"
         )
         if args.eval_episodes > 0:
             closing += (
-                f"; evaluation return ({args.eval_episodes} mean-action episodes) {final['eval_return_mean']:.1f}"
-                f" ± {final['eval_return_std']:.1f}"
+                f"; evaluation return ({args.eval_episodes} mean-action episodes) "
+                f"{final['eval_return_mean']:.1f} ± {final['eval_return_std']:.1f}"
             )
         with open(os.path.join(self.dir, "final.json.tmp"), "w") as f:
             json.dump(final, f, indent=2)

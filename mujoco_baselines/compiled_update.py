@@ -8,8 +8,8 @@ torch computes them, that inductor fuses into a few kernels. Parameters and Adam
 in the agent's parameters and in the `torch.optim.Adam` object's state, so rollouts, checkpoints and resume
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
 step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
-Speed: benchmarks/results/mujoco_compile.md; learning outcomes over seeds: the grid suite compile_equiv, read by
-benchmarks/compile_equivalence.py.
+Speed: benchmarks/results/mujoco_compile.md; learning outcomes over seeds: the grid suite compile_equiv, read
+by benchmarks/compile_equivalence.py.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class CompiledAdamStep:
         self.params = list(params)
         self.names = [by_id[id(p)] for p in self.params]
         self.stat_names = [by_id[id(p)] for p in stat_params]
-        # the group's hyperparameters are read from the optimiser, never kept: load_state_dict replaces the group
-        # dicts (a cached one would miss the scripts' learning-rate annealing after a resume)
+        # the group's hyperparameters are read from the optimiser, never kept: load_state_dict replaces the
+        # group dicts (a cached one would miss the scripts' learning-rate annealing after a resume)
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.g_sum = torch.zeros(sum(p.numel() for p in stat_params))
@@ -90,10 +90,10 @@ class CompiledAdamStep:
         return self._call([batch])[0]
 
     def run(self, batches: Sequence[tuple]) -> Iterator[tuple]:
-        """`(loss, aux, grad_sq)` of each batch in turn: the same updates as calling the step on each (bit for bit
-        with torch 2.13), made `steps_per_call` per compiled call, so a call's fixed cost (dynamo's guards,
-        inductor's Python wrapper, the bookkeeping here) is paid once per 4 steps, for a longer cold compile
-        (benchmarks/results/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite
+        """`(loss, aux, grad_sq)` of each batch in turn: the same updates as calling the step on each (bit for
+        bit with torch 2.13), made `steps_per_call` per compiled call, so a call's fixed cost (dynamo's
+        guards, inductor's Python wrapper, the bookkeeping here) is paid once per 4 steps, for a longer cold
+        compile (benchmarks/results/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite
         loss stops the updates after that call's steps."""
         for i in range(0, len(batches), self.steps_per_call):
             yield from self._call(batches[i : i + self.steps_per_call])
@@ -171,9 +171,9 @@ def check_compiler() -> None:
 def gauss_newton_fvp(agent, obs, kl, params, damping):
     """v -> (F + damping I) v in closed form, F the Fisher information of pi_old on `obs` (--compile's path).
 
-    At pi_old the Hessian of the mean KL is F = J^T diag(exp(-2 logstd)) J / N on actor_mean's parameters (J: the
-    Jacobian of the mean over the batch) and 2 I on actor_logstd (no cross terms). J v is pushed forward and
-    J^T u pulled back through actor_mean's activations at pi_old, computed once: the same products as
+    At pi_old the Hessian of the mean KL is F = J^T diag(exp(-2 logstd)) J / N on actor_mean's parameters (J:
+    the Jacobian of the mean over the batch) and 2 I on actor_logstd (no cross terms). J v is pushed forward
+    and J^T u pulled back through actor_mean's activations at pi_old, computed once: the same products as
     `fisher_vector_product` up to float rounding, without rebuilding or re-differentiating a graph (speed:
     benchmarks/results/trpo_fvp.md)."""
     l0, _, l1, _, l2 = agent.actor_mean

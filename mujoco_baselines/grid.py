@@ -1,4 +1,5 @@
-"""Run named suites of the MuJoCo baselines: N runs at a time, finished runs skipped, interrupted runs resumed.
+"""Run named suites of the MuJoCo baselines: N runs at a time, finished runs skipped, interrupted runs
+resumed.
 
     python mujoco_baselines/grid.py main                   # the paper's 48 runs into results/mujoco/main/
     python mujoco_baselines/grid.py main ppo_kl --jobs 2   # several suites, 2 runs side by side
@@ -48,20 +49,11 @@ class Run:
         return f"{self.env_id}__{self.method}__{self.variant}__s{self.seed}__{self.total_timesteps // 1000}k"
 
     def command(self, output_dir: str, checkpoint_dir: str) -> list[str]:
-        return [
-            sys.executable,
-            os.path.join(HERE, f"{self.method}_continuous_action.py"),
-            "--env-id", self.env_id,
-            "--seed", str(self.seed),
-            "--total-timesteps", str(self.total_timesteps),
-            "--output-dir", output_dir,
-            "--run-name", self.name,
-            "--resume",
-            "--checkpoint-dir", checkpoint_dir,
-            "--no-tensorboard",
-            "--no-verbose",
-            *self.flags,
-        ]  # fmt: skip
+        script = os.path.join(HERE, f"{self.method}_continuous_action.py")
+        argv = [sys.executable, script, "--env-id", self.env_id, "--seed", str(self.seed)]
+        argv += ["--total-timesteps", str(self.total_timesteps), "--output-dir", output_dir]
+        argv += ["--run-name", self.name, "--resume", "--checkpoint-dir", checkpoint_dir]
+        return argv + ["--no-tensorboard", "--no-verbose", *self.flags]
 
 
 def _grid(suite, methods, envs, seeds, steps=1_000_000, variants=(("default", ()),)):
@@ -89,18 +81,34 @@ PPO_KL_VARIANTS = (
 )
 SUITES: dict[str, list[Run]] = {
     "main": _grid("main", ["ppo", "rgpo", "trpo", "awr"], MUJOCO_ENVS, [0, 1, 2]),
-    "ppo_kl": _grid("ppo_kl", ["ppo", "rgpo"], ["HalfCheetah-v4", "Walker2d-v4"], [0], variants=PPO_KL_VARIANTS),
+    "ppo_kl": _grid(
+        "ppo_kl", ["ppo", "rgpo"], ["HalfCheetah-v4", "Walker2d-v4"], [0], variants=PPO_KL_VARIANTS
+    ),
     "gates": _grid(
-        "gates", ["rgpo"], ["HalfCheetah-v4"], [0, 1, 2],
-        variants=(("clipped_linear", ("--gate", "clipped_linear")), ("temperature", ("--gate", "temperature"))),
+        "gates",
+        ["rgpo"],
+        ["HalfCheetah-v4"],
+        [0, 1, 2],
+        variants=(
+            ("clipped_linear", ("--gate", "clipped_linear")),
+            ("temperature", ("--gate", "temperature")),
+        ),
     ),
     "k_sweep": _grid(
-        "k_sweep", ["rgpo"], ["HalfCheetah-v4"], [1],
-        variants=tuple((f"k{k}_1epoch", ("--gate-params", "k", str(k), "--update-epochs", "1")) for k in (2, 5, 10, 20)),
+        "k_sweep",
+        ["rgpo"],
+        ["HalfCheetah-v4"],
+        [1],
+        variants=tuple(
+            (f"k{k}_1epoch", ("--gate-params", "k", str(k), "--update-epochs", "1")) for k in (2, 5, 10, 20)
+        ),
     )
     + _grid("k_sweep", ["ppo"], ["HalfCheetah-v4"], [1], variants=(("1epoch", ("--update-epochs", "1")),)),
     "beta0": _grid(
-        "beta0", ["rgpo"], ["HalfCheetah-v4"], [1],
+        "beta0",
+        ["rgpo"],
+        ["HalfCheetah-v4"],
+        [1],
         variants=tuple(
             (f"beta{b}_target{t}", ("--kl-coef", str(b), "--kl-target", str(t)))
             for b, t in ((0.2, 0.02), (0.5, 0.02), (1.0, 0.02), (0.5, 0.01))
@@ -108,41 +116,74 @@ SUITES: dict[str, list[Run]] = {
     ),
     "long": _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=3_000_000)
     + _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=6_000_000),
-    # Issue 24 ("Does RGPO beat PPO, and when?"), fixed before its runs; meant to run with --compile. annealed5
-    # adds seeds 3-4 to main's PPO/RGPO cells (seeds 0-2 are main's eager runs); constant_lr is the paper's likely
-    # setting (no learning-rate annealing); kl_budget separates the gate from the trust-region size: RGPO at
-    # larger KL targets, and PPO with CleanRL's KL early stop.
+    # Issue 24 ("Does RGPO beat PPO, and when?"), fixed before its runs; meant to run with --compile.
+    # annealed5 adds seeds 3-4 to main's PPO/RGPO cells (seeds 0-2 are main's eager runs); constant_lr is the
+    # paper's likely setting (no learning-rate annealing); kl_budget separates the gate from the trust-region
+    # size: RGPO at larger KL targets, and PPO with CleanRL's KL early stop.
     "annealed5": _grid("annealed5", ["ppo", "rgpo"], MUJOCO_ENVS, [3, 4]),
     "kl_budget": sorted(  # seeds outermost across both methods: a partial suite still has every arm per seed
         _grid(
-            "kl_budget", ["rgpo"], ["Ant-v4", "HalfCheetah-v4"], [0, 1, 2],
+            "kl_budget",
+            ["rgpo"],
+            ["Ant-v4", "HalfCheetah-v4"],
+            [0, 1, 2],
             variants=(("target0.05", ("--kl-target", "0.05")), ("target0.1", ("--kl-target", "0.1"))),
         )
-        + _grid("kl_budget", ["ppo"], ["Ant-v4", "HalfCheetah-v4"], [0, 1, 2], variants=(("targetkl0.03", ("--target-kl", "0.03")),)),
+        + _grid(
+            "kl_budget",
+            ["ppo"],
+            ["Ant-v4", "HalfCheetah-v4"],
+            [0, 1, 2],
+            variants=(("targetkl0.03", ("--target-kl", "0.03")),),
+        ),
         key=lambda run: run.seed,
     ),
-    "constant_lr": _grid("constant_lr", ["ppo", "rgpo"], MUJOCO_ENVS, [0, 1, 2, 3, 4], variants=(("constant_lr", ("--no-anneal-lr",)),)),
+    "constant_lr": _grid(
+        "constant_lr",
+        ["ppo", "rgpo"],
+        MUJOCO_ENVS,
+        [0, 1, 2, 3, 4],
+        variants=(("constant_lr", ("--no-anneal-lr",)),),
+    ),
     # main's PPO and RGPO seeds 0-2 again on the compiled path with deterministic evaluation, so that every
     # annealed comparison uses runs of one code path (with annealed5's seeds 3-4); also the eager-vs-compiled
     # check at 1M steps on all four environments. Meant to run with --compile.
     "main_compiled": _grid("main_compiled", ["ppo", "rgpo"], MUJOCO_ENVS, [0, 1, 2]),
-    # Stale samples: iteration t's rollout collected by the actor of iteration t - L, PPO and RGPO each plain (ratio
-    # to the behaviour policy) and decoupled (ratio to the proximal policy, truncated weight pi_prox / pi_behaviour).
-    # Fixed before its runs; L = 0 is the annealed comparison (main_compiled + annealed5). Meant to run with --compile.
+    # Stale samples: iteration t's rollout collected by the actor of iteration t - L, PPO and RGPO each plain
+    # (ratio to the behaviour policy) and decoupled (ratio to the proximal policy, truncated weight pi_prox /
+    # pi_behaviour). Fixed before its runs; L = 0 is the annealed comparison (main_compiled + annealed5).
+    # Meant to run with --compile.
     "policy_lag": sorted(
         _grid("policy_lag", ["ppo", "rgpo"], ["Walker2d-v4", "Ant-v4"], [0, 1, 2], variants=lag_variants(2))
-        + _grid("policy_lag", ["ppo", "rgpo"], ["Walker2d-v4", "Ant-v4"], [0, 1, 2, 3, 4], variants=lag_variants(8)),
+        + _grid(
+            "policy_lag",
+            ["ppo", "rgpo"],
+            ["Walker2d-v4", "Ant-v4"],
+            [0, 1, 2, 3, 4],
+            variants=lag_variants(8),
+        ),
         key=lambda run: (run.seed, "lag2" in run.variant),  # per seed, the stalest level first
     ),
     # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (issue: "MuJoCo
     # scripts twice as fast"; read by benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(
-        "compile_equiv", ["ppo", "rgpo", "trpo", "awr"], ["Hopper-v4", "HalfCheetah-v4"], [0, 1, 2], steps=300_000,
+        "compile_equiv",
+        ["ppo", "rgpo", "trpo", "awr"],
+        ["Hopper-v4", "HalfCheetah-v4"],
+        [0, 1, 2],
+        steps=300_000,
         variants=(("eager", ()), ("compile", ("--compile",))),
     ),
     # a few minutes: for trying the runner (and its tests)
-    "smoke": _grid("smoke", ["ppo", "rgpo"], ["Hopper-v4"], [0], steps=4096, variants=(("default", ("--num-steps", "1024", "--checkpoint-every", "1")),)),
-}  # fmt: skip
+    "smoke": _grid(
+        "smoke",
+        ["ppo", "rgpo"],
+        ["Hopper-v4"],
+        [0],
+        steps=4096,
+        variants=(("default", ("--num-steps", "1024", "--checkpoint-every", "1")),),
+    ),
+}
 
 
 def progress_of(run_dir: str) -> int:
@@ -174,8 +215,8 @@ def run_suites(
     backend: str = "local",
     ray_address: str | None = None,
 ) -> list[tuple[Run, int]]:
-    """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``, see rgpo_trl.job_queue); returns the
-    failed ones with their exit status."""
+    """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``, see rgpo_trl.job_queue); returns
+    the failed ones with their exit status."""
     from tqdm import tqdm
 
     from rgpo_trl.job_queue import run_queue
@@ -184,7 +225,8 @@ def run_suites(
     checkpoints = checkpoints or default_checkpoints()
     todo = [r for r in runs if not os.path.exists(os.path.join(run_dir[r], "final.json"))]
     print(
-        f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time ({backend})",
+        f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time "
+        f"({backend})",
         flush=True,
     )
 
@@ -221,11 +263,26 @@ def run_suites(
         )
 
     # one core per run, compilation included (--compile: inductor would otherwise compile on all cores)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     try:
-        return run_queue(todo, jobs, start, env=env, cwd=ROOT, backend=backend, ray_address=ray_address,
-                         poll=poll, succeeded=succeeded, on_poll=on_poll)  # fmt: skip
+        return run_queue(
+            todo,
+            jobs,
+            start,
+            env=env,
+            cwd=ROOT,
+            backend=backend,
+            ray_address=ray_address,
+            poll=poll,
+            succeeded=succeeded,
+            on_poll=on_poll,
+        )
     finally:
         bar.close()
 
@@ -244,15 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="run every script with --compile (the fast path; learning outcomes agree with the eager path within "
-        "seed noise: benchmarks/results/mujoco_compile_equivalence.md); same run names, each config.json records "
-        "the mode, and a run may resume in either mode. Not with compile_equiv, whose runs fix their mode",
+        help="run every script with --compile (the fast path; learning outcomes agree with the eager path "
+        "within seed noise: benchmarks/results/mujoco_compile_equivalence.md); same run names, each "
+        "config.json records the mode, and a run may resume in either mode. Not with compile_equiv, whose "
+        "runs fix their mode",
     )
     p.add_argument(
         "--backend",
         choices=["local", "ray"],
         default="local",
-        help="local subprocesses, or Ray tasks (pip install 'rgpo-trl[ray]'; shared storage and the repo on every node)",
+        help="local subprocesses, or Ray tasks (pip install 'rgpo-trl[ray]'; shared storage and the repo on "
+        "every node)",
     )
     p.add_argument(
         "--ray-address", default=None, help="Ray cluster address (default: start a local Ray instance)"
@@ -281,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # SIGTERM (e.g. `kill`, a session ending) unwinds like Ctrl-C, so the runs in progress are stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    failed = run_suites(runs, args.results, args.jobs, args.checkpoints, backend=args.backend,
-                        ray_address=args.ray_address)  # fmt: skip
+    failed = run_suites(
+        runs, args.results, args.jobs, args.checkpoints, backend=args.backend, ray_address=args.ray_address
+    )
     for r, code in failed:
         print(f"failed: {r.suite}/{r.name} (exit {code})")
     return 1 if failed else 0

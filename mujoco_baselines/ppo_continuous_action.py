@@ -60,7 +60,8 @@ class Args:
     """keep checkpoint.pt after the run finished (default: deleted, the results stay)"""
     eval_episodes: int = 10
     """deterministic evaluation at the end of the run: this many episodes of the mean action on a separate
-    environment with frozen observation normalisation (final.json: eval_return_mean / _std / episodes); 0 skips"""
+    environment with frozen observation normalisation (final.json: eval_return_mean / _std / episodes);
+    0 skips"""
     eval_every: int = 0
     """also evaluate every N iterations (eval.csv); 0: at the end only"""
 
@@ -124,12 +125,12 @@ class Args:
 
     # Stale samples
     policy_lag: int = 0
-    """collect iteration t's rollout with the actor of iteration t - L, as asynchronous actors that run L updates
-    behind the learner (the critic stays current); 0: on-policy"""
+    """collect iteration t's rollout with the actor of iteration t - L, as asynchronous actors that run L
+    updates behind the learner (the critic stays current); 0: on-policy"""
     decoupled: bool = False
-    """the decoupled objective for stale samples (Hilton et al., 2021): clip the ratio to the proximal policy pi_prox (the learner as the update starts), each sample weighted by
-    min(pi_prox / pi_behaviour, max_is_weight); the same as PPO without it at --policy-lag 0
-    (with max_is_weight >= 1)"""
+    """the decoupled objective for stale samples (Hilton et al., 2021): clip the ratio to the proximal policy
+    pi_prox (the learner as the update starts), each sample weighted by min(pi_prox / pi_behaviour,
+    max_is_weight); the same as PPO without it at --policy-lag 0 (with max_is_weight >= 1)"""
     max_is_weight: float = 1.0
     """truncation of the decoupled objective's importance weight (V-trace's rho-bar); > 0"""
 
@@ -200,8 +201,15 @@ def main(args: Args) -> dict:
     agent = Agent(env.obs_dim, env.act_dim, args)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     # the mini-batch step: eager, or with --compile the same step as one compiled function (chosen here, once)
-    update = UpdateStep(agent, optimizer, lambda agent, *batch: minibatch_loss(agent, *batch, args=args),
-                        agent.parameters(), args.max_grad_norm, agent.policy_parameters(), fast=args.compile)  # fmt: skip
+    update = UpdateStep(
+        agent,
+        optimizer,
+        lambda agent, *batch: minibatch_loss(agent, *batch, args=args),
+        agent.parameters(),
+        args.max_grad_norm,
+        agent.policy_parameters(),
+        fast=args.compile,
+    )
     staleness = PolicyLag(agent, args.policy_lag)  # the actor that collects: L iterations behind the learner
     rollout = Rollout(args, env, agent, fast=args.compile, actor=staleness.actor)
     lagged = {"policy_lag": staleness} if args.policy_lag > 0 else {}
@@ -227,8 +235,8 @@ def main(args: Args) -> dict:
             b_returns = torch.as_tensor(adv_np + values_np, dtype=torch.float32)
             b_values, b_logprobs = b_values.clone(), b_logprobs.clone()  # leave inference mode
 
-            # ---- stale samples: the ratio's anchor is the behaviour policy, or with --decoupled the proximal policy
-            # (the learner now) with the truncated weight pi_prox / pi_behaviour
+            # ---- stale samples: the ratio's anchor is the behaviour policy, or with --decoupled the proximal
+            # policy (the learner now) with the truncated weight pi_prox / pi_behaviour
             b_anchor, b_weight, stale = b_logprobs, None, {}
             if stale_samples:
                 b_prox = staleness.proximal_log_prob(obs, actions)
@@ -267,9 +275,24 @@ def main(args: Args) -> dict:
             # ---- logging
             st = torch.cat(stats).double().numpy()
             ls = torch.stack(losses).double().numpy()
-            row = iteration_metrics(args, iteration, rollout, run, agent, optimizer, st, ls, update.grad_var(st.shape[0]),
-                                    adv_np, values_np, n_episodes_before, epochs_run, kl_final,
-                                    (iter_start, rollout_time, update_time), STAT_NAMES)  # fmt: skip
+            row = iteration_metrics(
+                args,
+                iteration,
+                rollout,
+                run,
+                agent,
+                optimizer,
+                st,
+                ls,
+                update.grad_var(st.shape[0]),
+                adv_np,
+                values_np,
+                n_episodes_before,
+                epochs_run,
+                kl_final,
+                (iter_start, rollout_time, update_time),
+                STAT_NAMES,
+            )
             row.update(stale)
             run.log(iteration, row, agent, env)
         return run.finish(agent, env)

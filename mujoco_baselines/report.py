@@ -8,8 +8,8 @@ CSV per table and the figures as PNG. Only finished runs (with ``final.json``) e
 counted as in progress or not run, never filled in.
 
 Statistics (per run first, then across seeds; n = number of finished seeds, stated in every cell):
-- final return: mean of the run's last 100 episodes (``final.json``); mean +- sample std (ddof = 1) over seeds;
-  RGPO vs PPO: one-tailed Welch t-test (H1: RGPO > PPO), as the paper;
+- final return: mean of the run's last 100 episodes (``final.json``); mean +- sample std (ddof = 1) over
+  seeds; RGPO vs PPO: one-tailed Welch t-test (H1: RGPO > PPO), as the paper;
 - KL: ``kl`` = mean over the iteration's mini-batches of mean(r - 1 - log r) before each update, ``kl_final``
   = the iteration's final policy against pi_old over the whole batch; mean over iterations and seeds, max over
   iterations and seeds, spike rate = share of iterations with KL > 0.04 (2 x target);
@@ -19,9 +19,9 @@ Statistics (per run first, then across seeds; n = number of finished seeds, stat
   extra would be worse): interquartile mean (IQM) of PPO-normalised final returns (each run divided by the
   mean of the PPO runs of its environment) with a stratified-bootstrap 95% CI (runs resampled within each
   environment), and the probability of improvement P(RGPO > PPO) (Mann-Whitney U / (n m), averaged over
-  environments) with its stratified-bootstrap 95% CI. Where the reference mean is within one std of 0 (constant-
-  rate PPO on Ant, found after those runs), a min-max normalised aggregate (each environment's worst run of the
-  study -> 0, best -> 1) is added beside the pre-registered one.
+  environments) with its stratified-bootstrap 95% CI. Where the reference mean is within one std of 0
+  (constant-rate PPO on Ant, found after those runs), a min-max normalised aggregate (each environment's
+  worst run of the study -> 0, best -> 1) is added beside the pre-registered one.
 """
 
 from __future__ import annotations
@@ -60,15 +60,31 @@ PAPER_RETURNS = {  # env -> method -> (mean, std or None)
 }
 PAPER_WELCH_P = {"Walker2d-v4": 0.047, "Ant-v4": 0.064}
 PAPER_KL = {  # env -> method -> (mean KL, max KL, spike rate)
-    "HalfCheetah-v4": {"awr": (1.983, 58.26, 0.99), "ppo": (0.243, 11.59, 0.79), "rgpo": (0.021, 0.038, 0.0),
-                       "trpo": (0.007, 0.010, 0.0)},
-    "Walker2d-v4": {"awr": (0.795, 28.02, 0.92), "ppo": (0.119, 0.621, 0.73), "rgpo": (0.020, 0.042, 0.0),
-                    "trpo": (0.007, 0.010, 0.0)},
-    "Ant-v4": {"awr": (18.85, 1000, 1.0), "ppo": (0.409, 7.271, 0.84), "rgpo": (0.020, 0.045, 0.0),
-               "trpo": (0.005, 0.010, 0.0)},
-    "Hopper-v4": {"awr": (0.085, 0.459, 0.73), "ppo": (0.043, 0.196, 0.44), "rgpo": (0.019, 0.047, 0.0),
-                  "trpo": (0.007, 0.010, 0.0)},
-}  # fmt: skip
+    "HalfCheetah-v4": {
+        "awr": (1.983, 58.26, 0.99),
+        "ppo": (0.243, 11.59, 0.79),
+        "rgpo": (0.021, 0.038, 0.0),
+        "trpo": (0.007, 0.010, 0.0),
+    },
+    "Walker2d-v4": {
+        "awr": (0.795, 28.02, 0.92),
+        "ppo": (0.119, 0.621, 0.73),
+        "rgpo": (0.020, 0.042, 0.0),
+        "trpo": (0.007, 0.010, 0.0),
+    },
+    "Ant-v4": {
+        "awr": (18.85, 1000, 1.0),
+        "ppo": (0.409, 7.271, 0.84),
+        "rgpo": (0.020, 0.045, 0.0),
+        "trpo": (0.005, 0.010, 0.0),
+    },
+    "Hopper-v4": {
+        "awr": (0.085, 0.459, 0.73),
+        "ppo": (0.043, 0.196, 0.44),
+        "rgpo": (0.019, 0.047, 0.0),
+        "trpo": (0.007, 0.010, 0.0),
+    },
+}
 PAPER_ESS = {
     "HalfCheetah-v4": {"ppo": 0.973, "trpo": 0.977, "rgpo": 0.876, "awr": 0.654},
     "Walker2d-v4": {"ppo": 0.974, "trpo": 0.974, "rgpo": 0.870, "awr": 0.704},
@@ -87,10 +103,16 @@ PAPER_K_SWEEP = {
     "k10_1epoch": 1921,
     "k20_1epoch": 1756,
 }
-PAPER_BETA0 = {"beta0.2_target0.02": 2805, "beta0.5_target0.02": 3623, "beta1.0_target0.02": 3438,
-               "beta0.5_target0.01": 3523}  # fmt: skip
-PAPER_LONG = {"ppo": {1: (2247, 956), 3: (1896, 66), 6: (1116, 417)},
-              "rgpo": {1: (2946, 768), 3: (2696, 1114), 6: (3095, 980)}}  # fmt: skip
+PAPER_BETA0 = {
+    "beta0.2_target0.02": 2805,
+    "beta0.5_target0.02": 3623,
+    "beta1.0_target0.02": 3438,
+    "beta0.5_target0.01": 3523,
+}
+PAPER_LONG = {
+    "ppo": {1: (2247, 956), 3: (1896, 66), 6: (1116, 417)},
+    "rgpo": {1: (2946, 768), 3: (2696, 1114), 6: (3095, 980)},
+}
 PAPER_LONG_P6 = 0.028
 
 
@@ -179,18 +201,25 @@ def main_returns_table(runs):
 
 
 def main_returns_md(t: pd.DataFrame) -> str:
-    lines = ["| env | " + " | ".join(f"{m.upper()} ours / paper" for m in METHODS) +
-             " | RGPO vs PPO ours / paper | Welch t (df), p ours / paper |",
-             "|---|" + "---|" * (len(METHODS) + 2)]  # fmt: skip
+    lines = [
+        "| env | "
+        + " | ".join(f"{m.upper()} ours / paper" for m in METHODS)
+        + " | RGPO vs PPO ours / paper | Welch t (df), p ours / paper |",
+        "|---|" + "---|" * (len(METHODS) + 2),
+    ]
     for _, r in t.iterrows():
-        cells = [f"{_fmt(r[f'{m}_mean'], r[f'{m}_std'], r[f'{m}_n'])} / {_paper_fmt(PAPER_RETURNS[r.env][m])}"
-                 for m in METHODS]  # fmt: skip
+        cells = [
+            f"{_fmt(r[f'{m}_mean'], r[f'{m}_std'], r[f'{m}_n'])} / {_paper_fmt(PAPER_RETURNS[r.env][m])}"
+            for m in METHODS
+        ]
         pp, pr = PAPER_RETURNS[r.env]["ppo"][0], PAPER_RETURNS[r.env]["rgpo"][0]
         delta = f"{100 * r.delta_rgpo_vs_ppo:+.0f}%" if np.isfinite(r.delta_rgpo_vs_ppo) else "-"
         welch = f"{r.welch_t:.2f} ({r.welch_df:.1f}), {r.welch_p:.3f}" if np.isfinite(r.welch_p) else "-"
         paper_p = PAPER_WELCH_P.get(r.env)
-        lines.append(f"| {r.env} | " + " | ".join(cells) + f" | {delta} / {100 * (pr - pp) / pp:+.0f}% | "
-                     f"{welch} / {paper_p if paper_p is not None else 'n.s.'} |")  # fmt: skip
+        lines.append(
+            f"| {r.env} | " + " | ".join(cells) + f" | {delta} / {100 * (pr - pp) / pp:+.0f}% | "
+            f"{welch} / {paper_p if paper_p is not None else 'n.s.'} |"
+        )
     return "\n".join(lines)
 
 
@@ -203,21 +232,31 @@ def kl_table(runs, suite="main"):
                 rows.append({"env": env, "method": m, "n": 0})
                 continue
             df = pd.concat([r.metrics for r in rs])
-            rows.append({
-                "env": env, "method": m, "n": len(rs),
-                "kl_mean": df["kl"].mean(), "kl_max": df["kl"].max(), "kl_minibatch_max": df["kl_max"].max(),
-                "spike_rate": (df["kl"] > SPIKE_KL).mean(),
-                "kl_final_mean": df["kl_final"].mean(), "kl_final_max": df["kl_final"].max(),
-                "spike_rate_final": (df["kl_final"] > SPIKE_KL).mean(),
-                "ess": df["ess"].mean(), "grad_var": df["grad_var"].mean(),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "env": env,
+                    "method": m,
+                    "n": len(rs),
+                    "kl_mean": df["kl"].mean(),
+                    "kl_max": df["kl"].max(),
+                    "kl_minibatch_max": df["kl_max"].max(),
+                    "spike_rate": (df["kl"] > SPIKE_KL).mean(),
+                    "kl_final_mean": df["kl_final"].mean(),
+                    "kl_final_max": df["kl_final"].max(),
+                    "spike_rate_final": (df["kl_final"] > SPIKE_KL).mean(),
+                    "ess": df["ess"].mean(),
+                    "grad_var": df["grad_var"].mean(),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def kl_md(t: pd.DataFrame) -> str:
-    lines = ["| env | method | n | mean KL ours / paper | max KL ours / paper | spike rate ours / paper | "
-             "max mini-batch KL | mean KL_final | max KL_final | spike rate (KL_final) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| env | method | n | mean KL ours / paper | max KL ours / paper | spike rate ours / paper | "
+        "max mini-batch KL | mean KL_final | max KL_final | spike rate (KL_final) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in t.iterrows():
         pk = PAPER_KL[r.env][r.method]
         if r.n == 0:
@@ -225,15 +264,19 @@ def kl_md(t: pd.DataFrame) -> str:
                 f"| {r.env} | {r.method} | 0 | not run / {pk[0]} | - / {pk[1]} | - / {pk[2]:.0%} | | | | |"
             )
             continue
-        lines.append(f"| {r.env} | {r.method} | {r.n} | {r.kl_mean:.4f} / {pk[0]} | {r.kl_max:.4f} / {pk[1]} | "
-                     f"{r.spike_rate:.0%} / {pk[2]:.0%} | {r.kl_minibatch_max:.4f} | {r.kl_final_mean:.4f} | "
-                     f"{r.kl_final_max:.4f} | {r.spike_rate_final:.0%} |")  # fmt: skip
+        lines.append(
+            f"| {r.env} | {r.method} | {r.n} | {r.kl_mean:.4f} / {pk[0]} | {r.kl_max:.4f} / {pk[1]} | "
+            f"{r.spike_rate:.0%} / {pk[2]:.0%} | {r.kl_minibatch_max:.4f} | {r.kl_final_mean:.4f} | "
+            f"{r.kl_final_max:.4f} | {r.spike_rate_final:.0%} |"
+        )
     return "\n".join(lines)
 
 
 def ess_md(t: pd.DataFrame) -> str:
-    lines = ["| env | " + " | ".join(f"{m.upper()} ours / paper" for m in METHODS) + " |",
-             "|---|" + "---|" * len(METHODS)]  # fmt: skip
+    lines = [
+        "| env | " + " | ".join(f"{m.upper()} ours / paper" for m in METHODS) + " |",
+        "|---|" + "---|" * len(METHODS),
+    ]
     for env in ENVS:
         cells = []
         for m in METHODS:
@@ -245,18 +288,29 @@ def ess_md(t: pd.DataFrame) -> str:
 
 
 def gates_table(runs):
-    """Ablation A on HalfCheetah-v4: sigmoid from `main`, the other gates from `gates`; each other gate against
-    sigmoid on the window return (change and one-tailed Welch p for sigmoid > gate)."""
+    """Ablation A on HalfCheetah-v4: sigmoid from `main`, the other gates from `gates`; each other gate
+    against sigmoid on the window return (change and one-tailed Welch p for sigmoid > gate)."""
     rows, windows = [], {}
     for gate in PAPER_GATES:
-        rs = (_finished(runs, suite="main", env="HalfCheetah-v4", method="rgpo") if gate == "sigmoid"
-              else _finished(runs, suite="gates", env="HalfCheetah-v4", variant=gate))  # fmt: skip
+        rs = (
+            _finished(runs, suite="main", env="HalfCheetah-v4", method="rgpo")
+            if gate == "sigmoid"
+            else _finished(runs, suite="gates", env="HalfCheetah-v4", variant=gate)
+        )
         window = windows[gate] = [r.metrics["episodic_return"].dropna().iloc[-20:].mean() for r in rs]
         mean, std, n = mean_std(window)
         df = pd.concat([r.metrics for r in rs]) if rs else pd.DataFrame({"ess": [], "kl": []})
-        rows.append({"gate": gate, "n": n, "window_return": mean, "seed_std": std,
-                     "final_return": mean_std([r.final_return for r in rs])[0],
-                     "ess": df["ess"].mean(), "kl_mean": df["kl"].mean()})  # fmt: skip
+        rows.append(
+            {
+                "gate": gate,
+                "n": n,
+                "window_return": mean,
+                "seed_std": std,
+                "final_return": mean_std([r.final_return for r in rs])[0],
+                "ess": df["ess"].mean(),
+                "kl_mean": df["kl"].mean(),
+            }
+        )
     t = pd.DataFrame(rows)
     sigmoid = windows["sigmoid"]
     t["vs_sigmoid"] = t.window_return / (np.mean(sigmoid) if sigmoid else np.nan) - 1
@@ -267,9 +321,11 @@ def gates_table(runs):
 
 
 def gates_md(t):
-    lines = ["| gate | n | return (last-20-iteration window) ours / paper | vs sigmoid ours (p, sigmoid > gate) / paper "
-             "| seed std ours / paper | ESS ours / paper | mean KL ours / paper |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| gate | n | return (last-20-iteration window) ours / paper | vs sigmoid ours (p, sigmoid > gate) / "
+        "paper | seed std ours / paper | ESS ours / paper | mean KL ours / paper |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for _, r in t.iterrows():
         p = PAPER_GATES[r.gate]
         paper_vs = "-" if r.gate == "sigmoid" else f"{p[0] / PAPER_GATES['sigmoid'][0] - 1:+.0%}"
@@ -281,8 +337,10 @@ def gates_md(t):
         ours_vs = "-" if r.gate == "sigmoid" or np.isnan(r.vs_sigmoid) else f"{r.vs_sigmoid:+.0%}"
         if not np.isnan(r.p_sigmoid_greater):
             ours_vs += f" (p = {r.p_sigmoid_greater:.2f})"
-        lines.append(f"| {r.gate} | {r.n} | {r.window_return:.0f} / {p[0]} | {ours_vs} / {paper_vs} | "
-                     f"{r.seed_std:.0f} / {p[1]} | {r.ess:.3f} / {p[2]} | {r.kl_mean:.4f} / {p[3]} |")  # fmt: skip
+        lines.append(
+            f"| {r.gate} | {r.n} | {r.window_return:.0f} / {p[0]} | {ours_vs} / {paper_vs} | "
+            f"{r.seed_std:.0f} / {p[1]} | {r.ess:.3f} / {p[2]} | {r.kl_mean:.4f} / {p[3]} |"
+        )
     return "\n".join(lines)
 
 
@@ -305,7 +363,8 @@ def single_runs_md(runs, suite, paper, title):
 
 
 def _long_runs(runs, method, budget):
-    """Finished HalfCheetah runs of the long-horizon table: `main`'s at 1M steps, the `long` suite's at 3M / 6M."""
+    """Finished HalfCheetah runs of the long-horizon table: `main`'s at 1M steps, the `long` suite's at 3M /
+    6M."""
     if budget == 1:
         return _finished(runs, suite="main", env="HalfCheetah-v4", method=method)
     return [
@@ -382,24 +441,32 @@ def aggregate_md(agg) -> str:
 
 
 def ppo_kl_md(runs) -> str:
-    """The PPO-KL question: return and both KL definitions per setting (seed 0; `default` is main's seed 0), below
-    the paper's row (3 seeds; the paper does not say which KL definition it reports)."""
-    lines = ["| env | method | setting | n | final return | mean KL | max KL | spike rate | mean KL_final | "
-             "spike rate (KL_final) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    """The PPO-KL question: return and both KL definitions per setting (seed 0; `default` is main's seed 0),
+    below the paper's row (3 seeds; the paper does not say which KL definition it reports)."""
+    lines = [
+        "| env | method | setting | n | final return | mean KL | max KL | spike rate | mean KL_final | "
+        "spike rate (KL_final) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for env in ("HalfCheetah-v4", "Walker2d-v4"):
         for m in ("ppo", "rgpo"):
             (ret, _), (kl_mean, kl_max, spikes) = PAPER_RETURNS[env][m], PAPER_KL[env][m]
             lines.append(f"| {env} | {m} | paper | 3 | {ret} | {kl_mean} | {kl_max} | {spikes:.0%} | | |")
             for variant in ("default", "no_gradclip", "no_advnorm", "no_lranneal", "all_off"):
-                rs = ([r for r in _finished(runs, suite="main", env=env, method=m) if r.cfg["seed"] == 0]
-                      if variant == "default" else _finished(runs, suite="ppo_kl", env=env, method=m, variant=variant))  # fmt: skip
+                rs = (
+                    [r for r in _finished(runs, suite="main", env=env, method=m) if r.cfg["seed"] == 0]
+                    if variant == "default"
+                    else _finished(runs, suite="ppo_kl", env=env, method=m, variant=variant)
+                )
                 if not rs:
                     lines.append(f"| {env} | {m} | {variant} | 0 | not run | | | | | |")
                     continue
                 df = pd.concat([r.metrics for r in rs])
-                lines.append(f"| {env} | {m} | {variant} | {len(rs)} | {np.mean([r.final_return for r in rs]):.0f} | "
-                             f"{df['kl'].mean():.4f} | {df['kl'].max():.4f} | {(df['kl'] > SPIKE_KL).mean():.0%} | "
-                             f"{df['kl_final'].mean():.4f} | {(df['kl_final'] > SPIKE_KL).mean():.0%} |")  # fmt: skip
+                lines.append(
+                    f"| {env} | {m} | {variant} | {len(rs)} | {np.mean([r.final_return for r in rs]):.0f} | "
+                    f"{df['kl'].mean():.4f} | {df['kl'].max():.4f} | {(df['kl'] > SPIKE_KL).mean():.0%} | "
+                    f"{df['kl_final'].mean():.4f} | {(df['kl_final'] > SPIKE_KL).mean():.0%} |"
+                )
     return "\n".join(lines)
 
 
@@ -427,13 +494,17 @@ class Arm:
     sources: tuple[tuple[str, str], ...]  # (suite, variant) pairs pooled into this arm
     seeds: tuple[int, ...] | None = None  # None: every seed found
 
+    def pools(self, r) -> bool:
+        """Whether a run of this arm's method and environment comes from one of its sources and seeds."""
+        return (r.suite, r.variant) in self.sources and (self.seeds is None or r.cfg["seed"] in self.seeds)
+
     def runs(self, runs, env):
-        return [r for r in runs if r.final and r.env == env and r.method == self.method
-                and (r.suite, r.variant) in self.sources and (self.seeds is None or r.cfg["seed"] in self.seeds)]  # fmt: skip
+        return [r for r in runs if r.final and r.env == env and r.method == self.method and self.pools(r)]
 
 
-# One code path (--compile, deterministic evaluation in every run): main_compiled's seeds 0-2 (main's eager runs
-# re-run) and annealed5's 3-4. main's eager runs stay the paper tables' (and the eager-vs-compiled comparison's).
+# One code path (--compile, deterministic evaluation in every run): main_compiled's seeds 0-2 (main's eager
+# runs re-run) and annealed5's 3-4. main's eager runs stay the paper tables' (and the eager-vs-compiled
+# comparison's).
 ANNEALED = (("main_compiled", "default"), ("annealed5", "default"))
 STUDIES = {
     "annealed": {
@@ -448,7 +519,7 @@ STUDIES = {
         "arms": (
             Arm("ppo", "ppo", (("constant_lr", "constant_lr"),)),
             Arm("rgpo", "rgpo", (("constant_lr", "constant_lr"),)),
-        ),  # fmt: skip
+        ),
     },
     "kl_budget": {
         "title": "Gate or budget? RGPO at larger KL targets, PPO with a KL early stop (0.03), seeds 0-2",
@@ -463,40 +534,44 @@ STUDIES = {
         # beyond the comparisons with the first arm: KL-capped PPO against RGPO at its default budget
         "contrasts": (("ppo, target_kl 0.03", "rgpo, target 0.02"),),
         # how the study is read, fixed before its runs
-        "reading": "Read per environment: the gap is the *budget* if RGPO's deficit to PPO shrinks as its target "
-        "grows (no significant difference from PPO at 0.05 or 0.1) and KL-capped PPO falls towards RGPO at 0.02 "
-        "(below PPO, no significant difference from RGPO at 0.02); it is the *gate* if RGPO stays below PPO at "
-        "targets whose mean KL reaches PPO's; anything else is undecided at n = 3.",
+        "reading": "Read per environment: the gap is the *budget* if RGPO's deficit to PPO shrinks as its "
+        "target grows (no significant difference from PPO at 0.05 or 0.1) and KL-capped PPO falls towards "
+        "RGPO at 0.02 (below PPO, no significant difference from RGPO at 0.02); it is the *gate* if RGPO "
+        "stays below PPO at targets whose mean KL reaches PPO's; anything else is undecided at n = 3.",
     },
 }
 
 
 # Stale samples (suite policy_lag), read by this rule, fixed before its runs.
 LAG_L0 = ANNEALED  # L = 0: seeds 0-4 of one compiled path
-LAG_ARMS = (("ppo", "ppo", ""), ("ppo decoupled", "ppo", "_decoupled"),
-            ("rgpo", "rgpo", ""), ("rgpo decoupled", "rgpo", "_decoupled"))  # fmt: skip
+LAG_ARMS = (
+    ("ppo", "ppo", ""),
+    ("ppo decoupled", "ppo", "_decoupled"),
+    ("rgpo", "rgpo", ""),
+    ("rgpo decoupled", "rgpo", "_decoupled"),
+)
 POLICY_LAG = {
     "envs": ["Walker2d-v4", "Ant-v4"],
     "lags": (0, 2, 8),
     "reading": (
-        "Reading rule (fixed before the runs). Primary metric: the learner's deterministic evaluation return at 1M "
-        "steps (10 mean-action episodes); secondary: the training return (last 100 episodes, collected by the "
-        "lagged actor). L = 0 is the annealed comparison on one code path (main_compiled seeds 0-2 + annealed5 "
-        "seeds 3-4); a decoupled objective equals its base method at L = 0 (tested bit for bit), so both share "
-        "those runs. (1) Per environment and lag, each RGPO variant against each PPO variant: two-sided Welch, "
-        "Holm over these 4 tests (one family per environment, lag and metric); 'higher' / 'lower' only where the "
-        "adjusted p <= 0.05, else 'no significant difference'. (2) Each method's change from L = 0 to L = 8: "
-        "two-sided Welch, Holm over the 4 methods of an environment. (3) RGPO (a variant) is *more robust to lag* "
-        "than a PPO variant on an environment if its retention at L = 8 (its mean evaluation return at L = 8 "
-        "divided by its mean at L = 0) is higher with Holm-adjusted p <= 0.05 over the 4 RGPO-PPO pairs of that "
-        "environment, *less robust* if lower at that level, otherwise no significant difference; the p-value is "
-        "a bootstrap's (10,000 resamples of each arm's L = 0 and L = 8 runs, each resampled on its own; twice the "
-        "smaller tail at 0), so the L = 0 means' own noise counts (revised before any policy_lag run, from "
-        "dividing each run by a fixed L = 0 mean, which ignored it). (4) Whether "
-        "the gate acted: RGPO's rejected fraction and kl_coef at each lag, next to the behaviour ratio's "
-        "statistics, as numbers (no test). (5) Performance profile of the evaluation returns at L = 8, min-max "
-        "normalised per environment over every run of the study (all lags and arms: 0 = the worst run, 1 = the "
-        "best), with stratified-bootstrap 95% bands."
+        "Reading rule (fixed before the runs). Primary metric: the learner's deterministic evaluation return "
+        "at 1M steps (10 mean-action episodes); secondary: the training return (last 100 episodes, collected "
+        "by the lagged actor). L = 0 is the annealed comparison on one code path (main_compiled seeds 0-2 + "
+        "annealed5 seeds 3-4); a decoupled objective equals its base method at L = 0 (tested bit for bit), "
+        "so both share those runs. (1) Per environment and lag, each RGPO variant against each PPO variant: "
+        "two-sided Welch, Holm over these 4 tests (one family per environment, lag and metric); 'higher' / "
+        "'lower' only where the adjusted p <= 0.05, else 'no significant difference'. (2) Each method's "
+        "change from L = 0 to L = 8: two-sided Welch, Holm over the 4 methods of an environment. (3) RGPO (a "
+        "variant) is *more robust to lag* than a PPO variant on an environment if its retention at L = 8 "
+        "(its mean evaluation return at L = 8 divided by its mean at L = 0) is higher with Holm-adjusted "
+        "p <= 0.05 over the 4 RGPO-PPO pairs of that environment, *less robust* if lower at that level, "
+        "otherwise no significant difference; the p-value is a bootstrap's (10,000 resamples of each arm's "
+        "L = 0 and L = 8 runs, each resampled on its own; twice the smaller tail at 0), so the L = 0 means' "
+        "own noise counts (revised before any policy_lag run, from dividing each run by a fixed L = 0 mean, "
+        "which ignored it). (4) Whether the gate acted: RGPO's rejected fraction and kl_coef at each lag, "
+        "next to the behaviour ratio's statistics, as numbers (no test). (5) Performance profile of the "
+        "evaluation returns at L = 8, min-max normalised per environment over every run of the study (all "
+        "lags and arms: 0 = the worst run, 1 = the best), with stratified-bootstrap 95% bands."
     ),
 }
 
@@ -522,25 +597,35 @@ def _metric_mean(rs, key, how="mean") -> float:
 
 
 def policy_lag_tables(runs) -> dict:
-    """The policy-lag study by its reading rule: per-arm summaries, the pairwise families, the change from L = 0
-    to L = 8 and the robustness family (see POLICY_LAG['reading'])."""
+    """The policy-lag study by its reading rule: per-arm summaries, the pairwise families, the change from
+    L = 0 to L = 8 and the robustness family (see POLICY_LAG['reading'])."""
     arms, summary, pairs, change, robust = LAG_ARMS, [], [], [], []
     for env in POLICY_LAG["envs"]:
         base = {label: _eval_values(lag_runs(runs, env, 0, m, "")) for label, m, _ in arms}
         for lag in POLICY_LAG["lags"]:
             for label, m, suffix in arms:
                 rs = lag_runs(runs, env, lag, m, suffix)
-                summary.append({
-                    "env": env, "lag": lag, "arm": label, "n": len(rs), "seeds": sorted(r.cfg["seed"] for r in rs),
-                    "eval": mean_std(_eval_values(rs)), "train": mean_std([r.final_return for r in rs]),
-                    "behaviour_ratio_mean": _metric_mean(rs, "behaviour_ratio_mean"),
-                    "behaviour_ratio_max": _metric_mean(rs, "behaviour_ratio_max", "max"),
-                    "behaviour_ratio_beyond_1.2": _metric_mean(rs, "behaviour_ratio_beyond_1.2"),
-                    "behaviour_ratio_beyond_2": _metric_mean(rs, "behaviour_ratio_beyond_2"),
-                    "behaviour_kl": _metric_mean(rs, "behaviour_kl"), "kl": _metric_mean(rs, "kl"),
-                    "rejected_frac": _metric_mean(rs, "rejected_frac"), "clipfrac": _metric_mean(rs, "clipfrac"),
-                    "kl_coef": _metric_mean(rs, "kl_coef"), "epochs": _metric_mean(rs, "epochs"),
-                })  # fmt: skip
+                summary.append(
+                    {
+                        "env": env,
+                        "lag": lag,
+                        "arm": label,
+                        "n": len(rs),
+                        "seeds": sorted(r.cfg["seed"] for r in rs),
+                        "eval": mean_std(_eval_values(rs)),
+                        "train": mean_std([r.final_return for r in rs]),
+                        "behaviour_ratio_mean": _metric_mean(rs, "behaviour_ratio_mean"),
+                        "behaviour_ratio_max": _metric_mean(rs, "behaviour_ratio_max", "max"),
+                        "behaviour_ratio_beyond_1.2": _metric_mean(rs, "behaviour_ratio_beyond_1.2"),
+                        "behaviour_ratio_beyond_2": _metric_mean(rs, "behaviour_ratio_beyond_2"),
+                        "behaviour_kl": _metric_mean(rs, "behaviour_kl"),
+                        "kl": _metric_mean(rs, "kl"),
+                        "rejected_frac": _metric_mean(rs, "rejected_frac"),
+                        "clipfrac": _metric_mean(rs, "clipfrac"),
+                        "kl_coef": _metric_mean(rs, "kl_coef"),
+                        "epochs": _metric_mean(rs, "epochs"),
+                    }
+                )
             if lag == 0:
                 continue
             for metric in ("eval", "train"):
@@ -554,24 +639,43 @@ def policy_lag_tables(runs) -> dict:
                             (_eval_values(x) if metric == "eval" else [r.final_return for r in x])
                             for x in (a, b)
                         )
-                        family.append({"env": env, "lag": lag, "metric": metric, "a": r_label, "b": p_label,
-                                       "test": welch(va, vb)})  # fmt: skip
+                        family.append(
+                            {
+                                "env": env,
+                                "lag": lag,
+                                "metric": metric,
+                                "a": r_label,
+                                "b": p_label,
+                                "test": welch(va, vb),
+                            }
+                        )
                 for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
                     row.update(p_holm=p_adj, verdict=verdict(row["test"].diff, p_adj))
                 pairs += family
         family = []
         for label, m, suffix in arms:
             stale = _eval_values(lag_runs(runs, env, 8, m, suffix))
-            family.append({"env": env, "arm": label, "l0": mean_std(base[label]), "l8": mean_std(stale),
-                           "test": welch(stale, base[label])})  # fmt: skip
+            family.append(
+                {
+                    "env": env,
+                    "arm": label,
+                    "l0": mean_std(base[label]),
+                    "l8": mean_std(stale),
+                    "test": welch(stale, base[label]),
+                }
+            )
         for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
             row.update(p_holm=p_adj, verdict=verdict(row["test"].diff, p_adj))
         change += family
         family = []
         for r_label, r_m, r_sfx in arms[2:]:
             for p_label, p_m, p_sfx in arms[:2]:
-                test = ratio_difference_test(base[r_label], _eval_values(lag_runs(runs, env, 8, r_m, r_sfx)),
-                                             base[p_label], _eval_values(lag_runs(runs, env, 8, p_m, p_sfx)))  # fmt: skip
+                test = ratio_difference_test(
+                    base[r_label],
+                    _eval_values(lag_runs(runs, env, 8, r_m, r_sfx)),
+                    base[p_label],
+                    _eval_values(lag_runs(runs, env, 8, p_m, p_sfx)),
+                )
                 family.append({"env": env, "a": r_label, "b": p_label, "test": test})
         for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
             word = verdict(row["test"].diff, p_adj)
@@ -585,84 +689,121 @@ def policy_lag_tables(runs) -> dict:
 def policy_lag_md(runs) -> str:
     t = policy_lag_tables(runs)
     f = lambda ms, d=0: _fmt(ms.mean, ms.std, ms.n, d)  # noqa: E731
-    lines = [POLICY_LAG["reading"], "",
-             "Per arm: returns as mean ± sample std (n); staleness and the trust region's statistics as means over "
-             "every iteration of the arm's runs (behaviour ratio r_b = pi_prox / pi_behaviour at the start of each "
-             "update; 'beyond x': share with max(r_b, 1/r_b) > x; max: over iterations and runs).", "",
-             "| env | L | arm | n | evaluation return | training return | r_b mean | r_b max | r_b beyond 1.2 | "
-             "r_b beyond 2 | KLhat(prox, behaviour) | KL to anchor | rejected | clipped | kl_coef | epochs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        POLICY_LAG["reading"],
+        "",
+        "Per arm: returns as mean ± sample std (n); staleness and the trust region's statistics as means "
+        "over every iteration of the arm's runs (behaviour ratio r_b = pi_prox / pi_behaviour at the start "
+        "of each update; 'beyond x': share with max(r_b, 1/r_b) > x; max: over iterations and runs).",
+        "",
+        "| env | L | arm | n | evaluation return | training return | r_b mean | r_b max | r_b beyond 1.2 | "
+        "r_b beyond 2 | KLhat(prox, behaviour) | KL to anchor | rejected | clipped | kl_coef | epochs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = ["behaviour_ratio_mean", "behaviour_ratio_max", "behaviour_ratio_beyond_1.2"]
+    keys += ["behaviour_ratio_beyond_2", "behaviour_kl", "kl", "rejected_frac", "clipfrac"]
+    keys += ["kl_coef", "epochs"]
     for r in t["summary"]:
-        lines.append(
-            f"| {r['env']} | {r['lag']} | {r['arm']} | {r['n']} | {f(r['eval'])} | {f(r['train'])} | "
-            + " | ".join(_p(r[k]) if k != "behaviour_kl" and k != "kl" else _kl(r[k]) for k in (
-                "behaviour_ratio_mean", "behaviour_ratio_max", "behaviour_ratio_beyond_1.2",
-                "behaviour_ratio_beyond_2", "behaviour_kl", "kl", "rejected_frac", "clipfrac", "kl_coef", "epochs"))
-            + " |"
-        )  # fmt: skip
-    lines += ["", "(1) RGPO variants against PPO variants at each lag (two-sided Welch, Holm within environment, "
-              "lag and metric):", "",
-              "| env | L | metric | a | b | mean a - b | Welch t / df / p | Holm p | verdict (a vs b) |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        cells = " | ".join(_p(r[k]) if k != "behaviour_kl" and k != "kl" else _kl(r[k]) for k in keys)
+        head = f"| {r['env']} | {r['lag']} | {r['arm']} | {r['n']} | {f(r['eval'])} | {f(r['train'])} | "
+        lines.append(head + cells + " |")
+    lines += [
+        "",
+        "(1) RGPO variants against PPO variants at each lag (two-sided Welch, Holm within environment, "
+        "lag and metric):",
+        "",
+        "| env | L | metric | a | b | mean a - b | Welch t / df / p | Holm p | verdict (a vs b) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in t["pairs"]:
         w = r["test"]
-        lines.append(f"| {r['env']} | {r['lag']} | {r['metric']} | {r['a']} | {r['b']} | {w.diff:.0f} | "
-                     f"{_tdp(w)} | {_p(r['p_holm'])} | {r['verdict']} |")  # fmt: skip
-    lines += ["", "(2) Each method from L = 0 to L = 8, evaluation return (two-sided Welch, Holm over the 4 methods "
-              "of an environment):", "",
-              "| env | arm | L = 0 | L = 8 | change | Welch t / df / p | Holm p | verdict (L = 8 vs 0) |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['env']} | {r['lag']} | {r['metric']} | {r['a']} | {r['b']} | {w.diff:.0f} | "
+            f"{_tdp(w)} | {_p(r['p_holm'])} | {r['verdict']} |"
+        )
+    lines += [
+        "",
+        "(2) Each method from L = 0 to L = 8, evaluation return (two-sided Welch, Holm over the 4 methods "
+        "of an environment):",
+        "",
+        "| env | arm | L = 0 | L = 8 | change | Welch t / df / p | Holm p | verdict (L = 8 vs 0) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in t["change"]:
         change = r["l8"].mean / r["l0"].mean - 1 if r["l0"].n and r["l0"].mean else float("nan")
-        lines.append(f"| {r['env']} | {r['arm']} | {f(r['l0'])} | {f(r['l8'])} | {_pct(change)} | "
-                     f"{_tdp(r['test'])} | {_p(r['p_holm'])} | {r['verdict']} |")  # fmt: skip
-    lines += ["", "(3) Robustness: retention at L = 8 (mean evaluation return at L = 8 / at L = 0), RGPO "
-              "variants against PPO variants (bootstrap over both lags' runs, Holm over the 4 pairs of an "
-              "environment):", "",
-              "| env | a | b | retention a | retention b | a - b [95% CI] | bootstrap p | Holm p | verdict (a vs b) |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['env']} | {r['arm']} | {f(r['l0'])} | {f(r['l8'])} | {_pct(change)} | "
+            f"{_tdp(r['test'])} | {_p(r['p_holm'])} | {r['verdict']} |"
+        )
+    lines += [
+        "",
+        "(3) Robustness: retention at L = 8 (mean evaluation return at L = 8 / at L = 0), RGPO "
+        "variants against PPO variants (bootstrap over both lags' runs, Holm over the 4 pairs of an "
+        "environment):",
+        "",
+        "| env | a | b | retention a | retention b | a - b [95% CI] | bootstrap p | Holm p | "
+        "verdict (a vs b) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in t["robustness"]:
         w = r["test"]
         ci = "" if not np.isfinite(w.low) else f"{w.diff:+.2f} [{w.low:+.2f}, {w.high:+.2f}]"
-        lines.append(f"| {r['env']} | {r['a']} | {r['b']} | {_p(w.ratio_a)} | {_p(w.ratio_b)} | {ci} | "
-                     f"{_p(w.p)} | {_p(r['p_holm'])} | {r['verdict']} |")  # fmt: skip
+        lines.append(
+            f"| {r['env']} | {r['a']} | {r['b']} | {_p(w.ratio_a)} | {_p(w.ratio_b)} | {ci} | "
+            f"{_p(w.p)} | {_p(r['p_holm'])} | {r['verdict']} |"
+        )
     return "\n".join(lines)
 
 
 def eager_vs_compiled(runs) -> list[dict]:
-    """main's eager runs against main_compiled's re-runs of the same seeds (0-2) per environment and method: the
-    training return (main's runs have no deterministic evaluation), mean KL, every seed's pair; two-sided Welch,
-    Holm over the 8 tests. The check compile_equiv made at 300k steps on two environments, at 1M on all four."""
+    """main's eager runs against main_compiled's re-runs of the same seeds (0-2) per environment and method:
+    the training return (main's runs have no deterministic evaluation), mean KL, every seed's pair; two-sided
+    Welch, Holm over the 8 tests. The check compile_equiv made at 300k steps on two environments, at 1M on all
+    four."""
     rows = []
     for env in ENVS:
         for method in ("ppo", "rgpo"):
             eager = _finished(runs, suite="main", env=env, method=method)
             compiled = _finished(runs, suite="main_compiled", env=env, method=method)
             by_seed = {r.cfg["seed"]: r.final_return for r in compiled}
-            rows.append({"env": env, "method": method, "eager": mean_std([r.final_return for r in eager]),
-                         "compiled": mean_std(list(by_seed.values())), "kl_eager": _mean_kl(eager),
-                         "kl_compiled": _mean_kl(compiled),
-                         "pairs": [(r.cfg["seed"], r.final_return, by_seed.get(r.cfg["seed"])) for r in eager],
-                         "test": welch(list(by_seed.values()), [r.final_return for r in eager])})  # fmt: skip
+            rows.append(
+                {
+                    "env": env,
+                    "method": method,
+                    "eager": mean_std([r.final_return for r in eager]),
+                    "compiled": mean_std(list(by_seed.values())),
+                    "kl_eager": _mean_kl(eager),
+                    "kl_compiled": _mean_kl(compiled),
+                    "pairs": [(r.cfg["seed"], r.final_return, by_seed.get(r.cfg["seed"])) for r in eager],
+                    "test": welch(list(by_seed.values()), [r.final_return for r in eager]),
+                }
+            )
     for row, p_adj in zip(rows, holm([r["test"].p for r in rows]), strict=True):
         row.update(p_holm=p_adj, verdict=verdict(row["test"].diff, p_adj))
     return rows
 
 
 def eager_vs_compiled_md(runs) -> str:
-    lines = ["main's eager runs (seeds 0-2) against main_compiled's compiled re-runs of the same seeds, training "
-             "return (last 100 episodes; main's runs have no deterministic evaluation). Two-sided Welch, Holm over "
-             "the 8 tests; verdict: compiled against eager. The two paths are different runs of a seed: --compile's "
-             "numpy mean action differs from torch's by float32 rounding within the first steps and the dynamics "
-             "amplify it (benchmarks/results/mujoco_path_divergence.md), so they are compared over seeds.", "",
-             "| env | method | eager | compiled | seed: eager / compiled | mean KL eager / compiled | Welch t / df / p | Holm p | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "main's eager runs (seeds 0-2) against main_compiled's compiled re-runs of the same seeds, training "
+        "return (last 100 episodes; main's runs have no deterministic evaluation). Two-sided Welch, Holm "
+        "over the 8 tests; verdict: compiled against eager. The two paths are different runs of a seed: "
+        "--compile's numpy mean action differs from torch's by float32 rounding within the first steps and "
+        "the dynamics amplify it (benchmarks/results/mujoco_path_divergence.md), so they are compared over "
+        "seeds.",
+        "",
+        "| env | method | eager | compiled | seed: eager / compiled | mean KL eager / compiled | "
+        "Welch t / df / p | Holm p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in eager_vs_compiled(runs):
         pairs = ", ".join(f"{s}: {e:.0f} / {'-' if c is None else f'{c:.0f}'}" for s, e, c in r["pairs"])
         holm_p = "not tested" if not np.isfinite(r["p_holm"]) else f"{_p(r['p_holm'])}"
-        lines.append(f"| {r['env']} | {r['method']} | {_fmt(*r['eager'])} | {_fmt(*r['compiled'])} | {pairs} | "
-                     f"{_kl(r['kl_eager'])} / {_kl(r['kl_compiled'])} | {_tdp(r['test'])} | {holm_p} | "
-                     f"{r['verdict']} |")  # fmt: skip
+        lines.append(
+            f"| {r['env']} | {r['method']} | {_fmt(*r['eager'])} | {_fmt(*r['compiled'])} | {pairs} | "
+            f"{_kl(r['kl_eager'])} / {_kl(r['kl_compiled'])} | {_tdp(r['test'])} | {holm_p} | "
+            f"{r['verdict']} |"
+        )
     return "\n".join(lines)
 
 
@@ -691,11 +832,18 @@ def study_table(runs, study: dict) -> list[dict]:
             rs = arm.runs(runs, env)
             train, ev = [r.final_return for r in rs], _eval_values(rs)
             ref_train, ref_eval = [r.final_return for r in ref], _eval_values(ref)
-            row = {"env": env, "arm": arm.label, "n": len(rs), "seeds": sorted(r.cfg["seed"] for r in rs),
-                   "train": mean_std(train), "eval": mean_std(ev), "kl": _mean_kl(rs),
-                   # the Gaussian policy's entropy after the last update: how much exploration noise the training
-                   # return (sampled actions) still carries, which the evaluation (mean action) does not
-                   "entropy": mean_std([r.metrics["entropy"].iloc[-1] for r in rs if "entropy" in r.metrics])}  # fmt: skip
+            row = {
+                "env": env,
+                "arm": arm.label,
+                "n": len(rs),
+                "seeds": sorted(r.cfg["seed"] for r in rs),
+                "train": mean_std(train),
+                "eval": mean_std(ev),
+                "kl": _mean_kl(rs),
+                # the Gaussian policy's entropy after the last update: how much exploration noise the training
+                # return (sampled actions) still carries, which the evaluation (mean action) does not
+                "entropy": mean_std([r.metrics["entropy"].iloc[-1] for r in rs if "entropy" in r.metrics]),
+            }
             if arm is not study["arms"][0]:
                 row["train_vs_ref"] = welch(train, ref_train)
                 row["eval_vs_ref"] = welch(ev, ref_eval)
@@ -716,17 +864,27 @@ def study_contrasts(runs, study: dict) -> list[dict]:
             a, b = arms[a_label].runs(runs, env), arms[b_label].runs(runs, env)
             a_train, b_train = [r.final_return for r in a], [r.final_return for r in b]
             train_a, train_b = mean_std(a_train), mean_std(b_train)
-            rows.append({"env": env, "a": a_label, "b": b_label, "train_a": train_a, "train_b": train_b,
-                         "diff": train_a[0] / train_b[0] - 1 if b_train else float("nan"),
-                         "train": welch(a_train, b_train), "eval": welch(_eval_values(a), _eval_values(b)),
-                         "kl_a": _mean_kl(a), "kl_b": _mean_kl(b)})  # fmt: skip
+            rows.append(
+                {
+                    "env": env,
+                    "a": a_label,
+                    "b": b_label,
+                    "train_a": train_a,
+                    "train_b": train_b,
+                    "diff": train_a[0] / train_b[0] - 1 if b_train else float("nan"),
+                    "train": welch(a_train, b_train),
+                    "eval": welch(_eval_values(a), _eval_values(b)),
+                    "kl_a": _mean_kl(a),
+                    "kl_b": _mean_kl(b),
+                }
+            )
     return rows
 
 
 def study_tests(runs, study: dict) -> tuple[list[dict], list[dict]]:
-    """`study_table` and `study_contrasts` with Holm's correction: one family per metric (training, evaluation)
-    holding every test of the study (each arm against the first, every environment, and the extra pairs), so
-    'higher' / 'lower' (in either direction) are said only of corrected two-sided tests."""
+    """`study_table` and `study_contrasts` with Holm's correction: one family per metric (training,
+    evaluation) holding every test of the study (each arm against the first, every environment, and the extra
+    pairs), so 'higher' / 'lower' (in either direction) are said only of corrected two-sided tests."""
     rows, contrasts = study_table(runs, study), study_contrasts(runs, study)
     for metric, row_key, contrast_key in (
         ("train", "train_vs_ref", "train"),
@@ -760,13 +918,13 @@ def study_runs_md(runs, study: dict) -> str:
 def normalised_scores(
     runs, study: dict, key=lambda r: r.final_return, min_runs: int = 2, scale: str = "reference"
 ) -> dict[str, dict[str, np.ndarray]]:
-    """arm -> env -> each run's normalised score; an arm's environment enters only when it and the reference arm
-    have at least ``min_runs`` scores (no interval from one run).
+    """arm -> env -> each run's normalised score; an arm's environment enters only when it and the reference
+    arm have at least ``min_runs`` scores (no interval from one run).
 
-    ``scale="reference"`` divides by |mean of the reference arm's runs| in that environment (the protocol fixed
-    before the runs); ``scale="minmax"`` maps the worst run of the study in that environment to 0 and the best to 1,
-    which stays defined when the reference mean is near 0 (rliable's min-max normalisation, without a random
-    policy's score)."""
+    ``scale="reference"`` divides by |mean of the reference arm's runs| in that environment (the protocol
+    fixed before the runs); ``scale="minmax"`` maps the worst run of the study in that environment to 0 and
+    the best to 1, which stays defined when the reference mean is near 0 (rliable's min-max normalisation,
+    without a random policy's score)."""
     if scale not in ("reference", "minmax"):
         raise ValueError(f"scale must be 'reference' or 'minmax', got {scale!r}")
     out: dict[str, dict[str, np.ndarray]] = {a.label: {} for a in study["arms"]}
@@ -792,8 +950,9 @@ def normalised_scores(
 
 
 def ill_conditioned_envs(runs, study: dict, key=lambda r: r.final_return) -> list[str]:
-    """Environments where the reference arm's mean is within one sample std of 0: dividing by it there makes the
-    reference-normalised aggregate meaningless (a sign flip or a blow-up), so the report adds the min-max one."""
+    """Environments where the reference arm's mean is within one sample std of 0: dividing by it there makes
+    the reference-normalised aggregate meaningless (a sign flip or a blow-up), so the report adds the min-max
+    one."""
     flagged = []
     for env in study["envs"]:
         mean, std, n = mean_std([key(r) for r in study["arms"][0].runs(runs, env)])
@@ -806,8 +965,8 @@ def study_aggregate(
     runs, study: dict, n_boot=2000, key=lambda r: r.final_return, scale: str = "reference"
 ) -> dict:
     """IQM of normalised scores per arm (``normalised_scores``' ``scale``) and P(arm > reference), with
-    stratified-bootstrap 95% CIs. P(arm > reference) compares runs within an environment, so no per-environment
-    normalisation changes it."""
+    stratified-bootstrap 95% CIs. P(arm > reference) compares runs within an environment, so no
+    per-environment normalisation changes it."""
     scores = normalised_scores(runs, study, key, scale=scale)
     ref_label = study["arms"][0].label
     out = {}
@@ -858,11 +1017,19 @@ def _holm_cell(row, metric) -> str:
 
 def study_md(runs, study: dict, n_boot=2000) -> str:
     rows, contrasts = study_tests(runs, study)
-    lines = [study["title"] + ". Mean ± sample std (n); Welch two-sided against the first arm; Holm over every "
-             "test of the study per metric (the table's and the further pairs'), verdict of the corrected test "
-             "(arm against the first arm).", "", "Runs:", study_runs_md(runs, study), "",
-             "| env | arm | n | training return | evaluation return | mean KL | policy entropy, last iteration | vs ref (training) | std / ref std | Welch t / df / p (training) | Holm p (training) | Welch t / df / p (evaluation) | Holm p (evaluation) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        study["title"] + ". Mean ± sample std (n); Welch two-sided against the first arm; Holm over every "
+        "test of the study per metric (the table's and the further pairs'), verdict of the corrected test "
+        "(arm against the first arm).",
+        "",
+        "Runs:",
+        study_runs_md(runs, study),
+        "",
+        "| env | arm | n | training return | evaluation return | mean KL | policy entropy, last iteration | "
+        "vs ref (training) | std / ref std | Welch t / df / p (training) | Holm p (training) | "
+        "Welch t / df / p (evaluation) | Holm p (evaluation) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['env']} | {r['arm']} | {r['n']} | {_fmt(*r['train'])} | {_fmt(*r['eval'])} | "
@@ -871,9 +1038,14 @@ def study_md(runs, study: dict, n_boot=2000) -> str:
             f"{_tdp(r.get('eval_vs_ref'))} | {_holm_cell(r, 'eval')} |"
         )
     if contrasts:
-        lines += ["", "Further pairs (Welch two-sided, a against b; Holm in the study's family):", "",
-                  "| env | a | b | training return a | training return b | a vs b | Welch t / df / p (training) | Holm p (training) | Welch t / df / p (evaluation) | Holm p (evaluation) | mean KL a / b |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "Further pairs (Welch two-sided, a against b; Holm in the study's family):",
+            "",
+            "| env | a | b | training return a | training return b | a vs b | Welch t / df / p (training) | "
+            "Holm p (training) | Welch t / df / p (evaluation) | Holm p (evaluation) | mean KL a / b |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for c in contrasts:
             lines.append(
                 f"| {c['env']} | {c['a']} | {c['b']} | {_fmt(*c['train_a'])} | {_fmt(*c['train_b'])} | "
@@ -885,22 +1057,33 @@ def study_md(runs, study: dict, n_boot=2000) -> str:
     flagged = ill_conditioned_envs(runs, study)
     scales = [("reference", "normalised by the first arm's mean per environment")]
     if flagged:  # added after the constant_lr runs, where Ant-v4's PPO mean is near 0
-        scales.append(("minmax", "min-max normalised per environment over all the study's runs (0 = its worst "
-                       "run, 1 = its best), added because the first arm's mean is within one std of 0 on "
-                       + ", ".join(flagged)))  # fmt: skip
+        why = (
+            "min-max normalised per environment over all the study's runs (0 = its worst "
+            "run, 1 = its best), added because the first arm's mean is within one std of 0 on "
+        )
+        scales.append(("minmax", why + ", ".join(flagged)))
     for scale, how in scales:
         for name, key in (("training return", lambda r: r.final_return), ("evaluation return", _eval)):
             agg = study_aggregate(runs, study, n_boot, key, scale=scale)
             if not agg:
                 continue
-            lines += ["", f"Aggregate over environments, {name} {how} "
-                      "(IQM and P(arm > first arm) with stratified-bootstrap 95% CIs):", "",
-                      "| arm | runs | IQM | 95% CI | P(arm > first arm) | 95% CI |", "|---|---|---|---|---|---|"]  # fmt: skip
+            lines += [
+                "",
+                f"Aggregate over environments, {name} {how} "
+                "(IQM and P(arm > first arm) with stratified-bootstrap 95% CIs):",
+                "",
+                "| arm | runs | IQM | 95% CI | P(arm > first arm) | 95% CI |",
+                "|---|---|---|---|---|---|",
+            ]
             for label, e in agg.items():
                 pi = e.get("p_improvement")
-                lines.append(f"| {label} | {e['n']} | {e['iqm']:.3f} | {e['iqm_ci95'][0]:.3f}-{e['iqm_ci95'][1]:.3f} | "
-                             + ("" if pi is None else f"{pi:.3f} | {e['p_improvement_ci95'][0]:.3f}-{e['p_improvement_ci95'][1]:.3f}")
-                             + (" |" if pi is not None else " |  |"))  # fmt: skip
+                if pi is None:
+                    p_cells = " |  |"
+                else:
+                    p_ci = e["p_improvement_ci95"]
+                    p_cells = f"{pi:.3f} | {p_ci[0]:.3f}-{p_ci[1]:.3f} |"
+                ci = e["iqm_ci95"]
+                lines.append(f"| {label} | {e['n']} | {e['iqm']:.3f} | {ci[0]:.3f}-{ci[1]:.3f} | " + p_cells)
     return "\n".join(lines)
 
 
@@ -932,8 +1115,14 @@ def study_figures(runs, out) -> list[str]:
             for k, arm in enumerate(study["arms"]):
                 for i, r in enumerate(arm.runs(runs, env)):
                     move = np.cumsum(np.sqrt(np.clip(r.metrics["kl_final"].to_numpy(), 0, None)))
-                    ax.plot(move, r.metrics["return_last100"], color=f"C{k}", lw=0.8, alpha=0.7,
-                            label=arm.label if i == 0 else None)  # fmt: skip
+                    ax.plot(
+                        move,
+                        r.metrics["return_last100"],
+                        color=f"C{k}",
+                        lw=0.8,
+                        alpha=0.7,
+                        label=arm.label if i == 0 else None,
+                    )
             ax.set_title(env, fontsize=9)
             ax.set_xlabel("cumulative sqrt(KL_final)")
             if j == 0:
@@ -948,12 +1137,16 @@ def study_figures(runs, out) -> list[str]:
 
 
 def policy_lag_scores(runs) -> dict[str, dict[str, np.ndarray]]:
-    """Evaluation returns at L = 8 per arm and environment, min-max normalised per environment over every run of
-    the policy-lag study (all lags and arms), as its reading rule fixes."""
+    """Evaluation returns at L = 8 per arm and environment, min-max normalised per environment over every run
+    of the policy-lag study (all lags and arms), as its reading rule fixes."""
     out: dict[str, dict[str, np.ndarray]] = {label: {} for label, _, _ in LAG_ARMS}
     for env in POLICY_LAG["envs"]:
-        every = [v for lag in POLICY_LAG["lags"] for _, m, sfx in LAG_ARMS
-                 for v in _eval_values(lag_runs(runs, env, lag, m, sfx))]  # fmt: skip
+        every = [
+            v
+            for lag in POLICY_LAG["lags"]
+            for _, m, sfx in LAG_ARMS
+            for v in _eval_values(lag_runs(runs, env, lag, m, sfx))
+        ]
         if len(every) < 2 or max(every) == min(every):
             continue
         lo, span = min(every), max(every) - min(every)
@@ -965,9 +1158,9 @@ def policy_lag_scores(runs) -> dict[str, dict[str, np.ndarray]]:
 
 
 def policy_lag_figures(runs, out) -> list[str]:
-    """The policy-lag study's profile (its reading rule (5)) and, per environment, the L = 8 arms along training:
-    training return, the behaviour ratio's max, the gate's rejected / PPO's clipped fraction and RGPO's kl_coef
-    (mean ± sample std over seeds)."""
+    """The policy-lag study's profile (its reading rule (5)) and, per environment, the L = 8 arms along
+    training: training return, the behaviour ratio's max, the gate's rejected / PPO's clipped fraction and
+    RGPO's kl_coef (mean ± sample std over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -980,8 +1173,12 @@ def policy_lag_figures(runs, out) -> list[str]:
     _profile_panel(ax, policy_lag_scores(runs), [label for label, _, _ in LAG_ARMS])
     ax.set_xlabel("evaluation return at L = 8 (min-max per environment over the study's runs)")
     written.append(_save(fig, out, "performance_profile_policy_lag.png"))
-    panels = [("return_last100", "training return (last 100)"), ("behaviour_ratio_max", "max r_b"),
-              ("rejected_frac", "rejected (RGPO) / clipped (PPO)"), ("kl_coef", "RGPO kl_coef")]  # fmt: skip
+    panels = [
+        ("return_last100", "training return (last 100)"),
+        ("behaviour_ratio_max", "max r_b"),
+        ("rejected_frac", "rejected (RGPO) / clipped (PPO)"),
+        ("kl_coef", "RGPO kl_coef"),
+    ]
     envs = POLICY_LAG["envs"]
     fig, axes = plt.subplots(
         len(envs), len(panels), figsize=(4.0 * len(panels), 3.0 * len(envs)), squeeze=False
@@ -1025,8 +1222,8 @@ def _profile_panel(ax, scores: dict[str, dict[str, np.ndarray]], labels, n_boot:
 
 # ----------------------------------------------------------------------------------------------- figures
 def _plot_mean_band(ax, rs, key, label, log):
-    """Mean ± sample std of metric `key` over the runs `rs` (cut to the shortest), against environment steps; on
-    a log axis the band's floor is a tenth of the mean."""
+    """Mean ± sample std of metric `key` over the runs `rs` (cut to the shortest), against environment steps;
+    on a log axis the band's floor is a tenth of the mean."""
     if not rs:
         return
     n = min(len(r.metrics) for r in rs)
@@ -1054,15 +1251,19 @@ def figures(runs, out):
         width = 0.2
         for i, m in enumerate(METHODS):
             stats_ = [mean_std([r.final_return for r in main if r.env == e and r.method == m]) for e in ENVS]
-            ax.bar(np.arange(len(ENVS)) + (i - 1.5) * width, [s[0] for s in stats_], width,
-                   yerr=[0 if not np.isfinite(s[1]) else s[1] for s in stats_], label=m, capsize=2)  # fmt: skip
+            means, yerr = [s[0] for s in stats_], [0 if not np.isfinite(s[1]) else s[1] for s in stats_]
+            ax.bar(np.arange(len(ENVS)) + (i - 1.5) * width, means, width, yerr=yerr, label=m, capsize=2)
         ax.set_xticks(np.arange(len(ENVS)), ENVS)
         ax.set_ylabel("final return (last 100 episodes)")
         ax.legend(ncol=4, fontsize=8)
         written.append(_save(fig, out, "final_returns.png"))
         # per-iteration curves: return, KL (log, 2x target), ESS, grad var
-        panels = [("return_last100", "return (last 100 episodes)", False), ("kl", "KL to pi_old (log)", True),
-                  ("ess", "ESS", False), ("grad_var", "gradient variance (log)", True)]  # fmt: skip
+        panels = [
+            ("return_last100", "return (last 100 episodes)", False),
+            ("kl", "KL to pi_old (log)", True),
+            ("ess", "ESS", False),
+            ("grad_var", "gradient variance (log)", True),
+        ]
         for key, title, log in panels:
             fig, axes = plt.subplots(1, len(ENVS), figsize=(4.2 * len(ENVS), 3.2), squeeze=False)
             for j, env in enumerate(ENVS):
@@ -1081,8 +1282,8 @@ def figures(runs, out):
         # KL spectrum
         fig, ax = plt.subplots(figsize=(9, 3.4))
         for i, m in enumerate(METHODS):
-            vals = [pd.concat([r.metrics["kl"] for r in main if r.env == e and r.method == m] or [pd.Series([np.nan])]).mean()
-                    for e in ENVS]  # fmt: skip
+            kls = [[r.metrics["kl"] for r in main if r.env == e and r.method == m] for e in ENVS]
+            vals = [pd.concat(series or [pd.Series([np.nan])]).mean() for series in kls]
             ax.bar(np.arange(len(ENVS)) + (i - 1.5) * 0.2, vals, 0.2, label=m)
         ax.axhline(SPIKE_KL, color="k", ls=":", lw=0.8)
         ax.set_yscale("log")
@@ -1134,7 +1335,8 @@ def _save(fig, out, name):
 
 
 def _plain(x):
-    """studies.json's values: NamedTuples (MeanStd, Welch) as dicts, tuples as lists, numpy scalars as floats."""
+    """studies.json's values: NamedTuples (MeanStd, Welch) as dicts, tuples as lists, numpy scalars as
+    floats."""
     if hasattr(x, "_asdict"):
         return {k: _plain(v) for k, v in x._asdict().items()}
     if isinstance(x, dict):
@@ -1184,9 +1386,13 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
         ("Eager vs compiled, 1M steps (main vs main_compiled)", eager_vs_compiled_md(runs)),
         ("Stale samples (policy lag)", policy_lag_md(runs)),
     ]
-    md = ["# MuJoCo results vs the paper", "",
-          f"Command: `python mujoco_baselines/report.py {results} --out {out}`. Statistics as in the report's "
-          "docstring: mean ± sample std (ddof 1) over n finished seeds; 'not run' = no finished run yet.", ""]  # fmt: skip
+    md = [
+        "# MuJoCo results vs the paper",
+        "",
+        f"Command: `python mujoco_baselines/report.py {results} --out {out}`. Statistics as in the report's "
+        "docstring: mean ± sample std (ddof 1) over n finished seeds; 'not run' = no finished run yet.",
+        "",
+    ]
     for title, body in sections:
         md += [f"## {title}", "", body, ""]
     md += ["## Figures", ""] + [f"![{f}]({f})" for f in figs]

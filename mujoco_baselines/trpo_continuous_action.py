@@ -64,7 +64,8 @@ class Args:
     """keep checkpoint.pt after the run finished (default: deleted, the results stay)"""
     eval_episodes: int = 10
     """deterministic evaluation at the end of the run: this many episodes of the mean action on a separate
-    environment with frozen observation normalisation (final.json: eval_return_mean / _std / episodes); 0 skips"""
+    environment with frozen observation normalisation (final.json: eval_return_mean / _std / episodes);
+    0 skips"""
     eval_every: int = 0
     """also evaluate every N iterations (eval.csv); 0: at the end only"""
 
@@ -98,10 +99,10 @@ class Args:
     max_grad_norm: float = 0.5
     """global gradient-norm clip (<= 0 disables)"""
     compile: bool = False
-    """the fast path: each value mini-batch update as one torch.compile'd function (compiled_update.py; needs a
-    C++ compiler), the Fisher-vector products in closed form (gauss_newton_fvp) and the rollout's policy mean in
-    numpy: the same algorithm, float rounding differs; see benchmarks/results/mujoco_compile.md for speed and
-    equivalence"""
+    """the fast path: each value mini-batch update as one torch.compile'd function (compiled_update.py; needs
+    a C++ compiler), the Fisher-vector products in closed form (gauss_newton_fvp) and the rollout's policy
+    mean in numpy: the same algorithm, float rounding differs; see benchmarks/results/mujoco_compile.md for
+    speed and equivalence"""
 
     # Rollout / advantage estimation
     num_steps: int = 2048
@@ -172,7 +173,8 @@ def set_flat_(params, vector):
 
 
 def fisher_vector_product(agent, obs, kl, params, damping):
-    """v -> (H + damping I) v, H the Hessian of `kl` (the mean KL to pi_old at pi_old: the Fisher information).
+    """v -> (H + damping I) v, H the Hessian of `kl` (the mean KL to pi_old at pi_old: the Fisher
+    information).
 
     The KL gradient's graph is built once and each product differentiates through it again: the same products
     bit for bit as rebuilding it per product, with one backward per CG iteration instead of a forward and two
@@ -273,9 +275,15 @@ def main(args: Args) -> dict:
     # (eager, or --compile's compiled function)
     make_fvp = gauss_newton_fvp if args.compile else fisher_vector_product
     current = {}  # the iteration's TRPO surrogate, for the non-finite-loss message of the value steps
-    update = UpdateStep(agent, optimizer, lambda agent, *batch: value_minibatch_loss(agent, *batch, args=args),
-                        agent.critic.parameters(), args.max_grad_norm, fast=args.compile,
-                        check=lambda loss, v_loss, *where: check_finite(loss, current["pg_loss"], v_loss, *where))  # fmt: skip
+    update = UpdateStep(
+        agent,
+        optimizer,
+        lambda agent, *batch: value_minibatch_loss(agent, *batch, args=args),
+        agent.critic.parameters(),
+        args.max_grad_norm,
+        fast=args.compile,
+        check=lambda loss, v_loss, *where: check_finite(loss, current["pg_loss"], v_loss, *where),
+    )
     rollout = Rollout(args, env, agent, fast=args.compile)
     run.restore({"agent": agent, "optimizer": optimizer, "env": env}, rollout)
     T, mb = args.num_steps, args.minibatch_size
@@ -324,8 +332,8 @@ def main(args: Args) -> dict:
             )
             if trpo_kl is None:
                 raise NonFiniteLossError(
-                    f"non-finite loss at iteration {iteration} (TRPO surrogate): policy_loss={pg_loss.item()}; "
-                    "stopping instead of training on garbage"
+                    f"non-finite loss at iteration {iteration} (TRPO surrogate): "
+                    f"policy_loss={pg_loss.item()}; stopping instead of training on garbage"
                 )
             current["pg_loss"] = pg_loss
             # KL to pi_old / ESS of the accepted step, per mini-batch (definitions in docs/mujoco.md, w = r)
@@ -334,9 +342,10 @@ def main(args: Args) -> dict:
                 stats = []
                 for start in range(0, T, mb):
                     lr_mb = logratio[perm[start : start + mb]]
-                    stats.append(torch.stack([rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(lr_mb)).mean(),
-                                              rgpo_trl.effective_sample_size(lr_mb.exp()), torch.tensor(trpo_kl),
-                                              torch.tensor(step_frac), torch.tensor(float(ls_evals))]))  # fmt: skip
+                    kl_mb = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(lr_mb)).mean()
+                    ess_mb = rgpo_trl.effective_sample_size(lr_mb.exp())
+                    accepted = [torch.tensor(trpo_kl), torch.tensor(step_frac), torch.tensor(float(ls_evals))]
+                    stats.append(torch.stack([kl_mb, ess_mb, *accepted]))
             losses = []
             update.begin_iteration()
             epochs_run = 0
@@ -346,16 +355,32 @@ def main(args: Args) -> dict:
                     losses.append(torch.stack([pg_loss, v_loss.detach()]))
                 epochs_run += 1
             update_time = time.perf_counter() - update_start
-            # KL of the iteration's final policy to pi_old over the whole batch (the value epochs leave the policy)
+            # KL of the iteration's final policy to pi_old over the whole batch (the value epochs leave the
+            # policy)
             kl_final = float(rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean())
 
             # ---- logging
             st = torch.stack(stats).double().numpy()
             ls = torch.stack(losses).double().numpy()
             grad_var = gradient_variance(g_sum, g_sqsum, n_mb, n_policy_params)
-            row = iteration_metrics(args, iteration, rollout, run, agent, optimizer, st, ls, grad_var, adv_np,
-                                    values_np, n_episodes_before, epochs_run, kl_final,
-                                    (iter_start, rollout_time, update_time), STAT_NAMES)  # fmt: skip
+            row = iteration_metrics(
+                args,
+                iteration,
+                rollout,
+                run,
+                agent,
+                optimizer,
+                st,
+                ls,
+                grad_var,
+                adv_np,
+                values_np,
+                n_episodes_before,
+                epochs_run,
+                kl_final,
+                (iter_start, rollout_time, update_time),
+                STAT_NAMES,
+            )
             run.log(iteration, row, agent, env)
         return run.finish(agent, env)
     finally:

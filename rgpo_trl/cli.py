@@ -1,5 +1,5 @@
-"""One-line errors for the command lines (the recipe, the MuJoCo scripts): a bad input exits with one line that
-names the field and the allowed values, not a traceback. ``--debug`` (or ``RGPO_TRL_DEBUG=1``) shows the
+"""One-line errors for the command lines (the recipe, the MuJoCo scripts): a bad input exits with one line
+that names the field and the allowed values, not a traceback. ``--debug`` (or ``RGPO_TRL_DEBUG=1``) shows the
 traceback."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def debug_requested(argv: list[str] | None = None) -> bool:
 
 
 def run_main(main: Callable[[], object], errors: tuple[type[BaseException], ...] = (UsageError,)) -> int:
-    """Run ``main()`` with ``--debug`` taken out of ``sys.argv``; an exception of ``errors`` prints ``error: <its
-    message on one line>`` to stderr and returns 2 (re-raised with ``--debug``); 0 otherwise."""
+    """Run ``main()`` with ``--debug`` taken out of ``sys.argv``; an exception of ``errors`` prints ``error:
+    <its message on one line>`` to stderr and returns 2 (re-raised with ``--debug``); 0 otherwise."""
     debug = debug_requested()
     while DEBUG_FLAG in sys.argv:
         sys.argv.remove(DEBUG_FLAG)
@@ -39,8 +39,9 @@ def run_main(main: Callable[[], object], errors: tuple[type[BaseException], ...]
 def quiet_cpu_libraries() -> None:
     """Two notices a CPU run of the recipe or the asset builder would print with nothing to act on, handled at
     their source or filtered narrowly: DeepSpeed's "Setting accelerator to CPU" (it is told the accelerator
-    instead of guessing, only where torch sees no GPU) and transformers' FutureWarning that TRL's configs still
-    default ``gradient_checkpointing`` (the deprecated alias, carried over to ``activation_checkpointing``)."""
+    instead of guessing, only where torch sees no GPU) and transformers' FutureWarning that TRL's configs
+    still default ``gradient_checkpointing`` (the deprecated alias, carried over to
+    ``activation_checkpointing``)."""
     import warnings
 
     import torch
@@ -53,8 +54,8 @@ def quiet_cpu_libraries() -> None:
 
 
 def plain_output_when_piped() -> bool:
-    """When stdout is not a terminal (a log file, CI), turn off the Hugging Face progress bars, which would glue
-    carriage-return frames to the log lines; returns whether it did."""
+    """When stdout is not a terminal (a log file, CI), turn off the Hugging Face progress bars, which would
+    glue carriage-return frames to the log lines; returns whether it did."""
     if sys.stdout.isatty():
         return False
     import transformers

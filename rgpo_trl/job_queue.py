@@ -1,5 +1,5 @@
-"""Run a queue of subprocesses N at a time, on this machine or as Ray tasks: the scheduler shared by the MuJoCo
-grid (``mujoco_baselines/grid.py``) and the RLHF suite (``recipes/rlhf_suite.py``).
+"""Run a queue of subprocesses N at a time, on this machine or as Ray tasks: the scheduler shared by the
+MuJoCo grid (``mujoco_baselines/grid.py``) and the RLHF suite (``recipes/rlhf_suite.py``).
 
 The suites decide what a run is: its command and log file when it starts (a resumed run looks for its
 checkpoint then), whether it succeeded when it ends, and what the progress display shows. Interrupted
@@ -90,9 +90,9 @@ def run_queue(
 ) -> list[tuple[T, int]]:
     """Run ``items`` ``jobs`` at a time; returns the failed ones with their exit status.
 
-    ``start(item)`` -> (command, log path), called when the item starts; ``succeeded(item, exit status)``, called
-    when it ends (a suite may check its output files or clean up there); ``on_poll(ended, running, failed)``
-    after every poll."""
+    ``start(item)`` -> (command, log path), called when the item starts; ``succeeded(item, exit status)``,
+    called when it ends (a suite may check its output files or clean up there);
+    ``on_poll(ended, running, failed)`` after every poll."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     env = dict(os.environ if env is None else env)

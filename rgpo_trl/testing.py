@@ -1,7 +1,7 @@
-"""A tiny offline trainer setup for tests, benchmarks and examples: a character-level tokenizer, a 2-layer Qwen2
-policy built from a config, a prompt dataset, a cheap reward and RGPOConfig/GRPOConfig arguments. Nothing
-touches the hub. (The tiny-HH world in `rgpo_trl.tiny_hh` is the realistic offline default; this is the
-smallest thing a trainer step can run on.)"""
+"""A tiny offline trainer setup for tests, benchmarks and examples: a character-level tokenizer, a 2-layer
+Qwen2 policy built from a config, a prompt dataset, a cheap reward and RGPOConfig/GRPOConfig arguments.
+Nothing touches the hub. (The tiny-HH world in `rgpo_trl.tiny_hh` is the realistic offline default; this is
+the smallest thing a trainer step can run on.)"""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def base_args(output_dir, **overrides) -> dict:
 
 
 def save_tiny_model(directory, seed: int = 0, hidden: int = 32) -> str:
-    """Write the tiny policy and its tokenizer to ``directory`` (GRPOTrainer builds the reference model from the
-    policy's path when ``beta != 0``, so the policy is passed as a local path, as a hub id would be)."""
+    """Write the tiny policy and its tokenizer to ``directory`` (GRPOTrainer builds the reference model from
+    the policy's path when ``beta != 0``, so the policy is passed as a local path, as a hub id would be)."""
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer, seed=seed, hidden=hidden)
     model.save_pretrained(str(directory))

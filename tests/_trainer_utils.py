@@ -1,4 +1,5 @@
-"""Test-only helpers for the trainer tests: independent log-probs and a recorder of the trainer's loss calls."""
+"""Test-only helpers for the trainer tests: independent log-probs and a recorder of the trainer's loss
+calls."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from rgpo_trl.testing import (  # noqa: F401
 
 @torch.no_grad()
 def independent_logps(model, inputs, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(completion token) from a plain forward pass (no TRL helper): logits at position t predict t+1."""
+    """log pi(completion token) from a plain forward pass (no TRL helper): logits at position t predict
+    t+1."""
     completion_ids = inputs["completion_ids"]
     input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
@@ -34,7 +36,8 @@ def independent_logps(model, inputs, temperature: float = 1.0) -> torch.Tensor:
 def attach_recorder(trainer, extra=None) -> list[dict]:
     """Wrap ``trainer._compute_loss`` to record, per micro-batch, the inputs, the returned loss, the KL-to-old
     coefficient in use, the micro-batch counter and log-probs recomputed independently by a plain forward pass
-    (before the optimizer step changes the parameters). ``extra(trainer, model, inputs, record)`` may add more."""
+    (before the optimizer step changes the parameters). ``extra(trainer, model, inputs, record)`` may add
+    more."""
     records: list[dict] = []
     original = trainer._compute_loss
 

@@ -51,9 +51,10 @@ def test_mujoco_script_help_rounding_notice_and_closing_line(tmp_path):
     assert "PPO (clipped surrogate) on a MuJoCo task" in help_text.split("options")[0]
     assert "--batch-size" not in help_text and "--num-iterations" not in help_text  # derived, not options
     out = tmp_path / "runs"
-    r = _run([script, "--env-id", "Hopper-v4", "--total-timesteps", "600", "--num-steps", "256",
-              "--output-dir", str(out), "--run-name", "r", "--no-tensorboard", "--no-verbose",
-              "--eval-episodes", "1"], tmp_path)  # fmt: skip
+    argv = [script, "--env-id", "Hopper-v4", "--total-timesteps", "600", "--num-steps", "256"]
+    argv += ["--output-dir", str(out), "--run-name", "r", "--no-tensorboard", "--no-verbose"]
+    argv += ["--eval-episodes", "1"]
+    r = _run(argv, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert (
@@ -84,8 +85,14 @@ def test_recipe_bad_input_is_one_line(flags, needle, tmp_path):
 def _evaluation(reward, gold, kl_ref=0.0, k=2):
     """An evaluation result with per-completion scores (64 prompts, ``k`` samples each)."""
     n = 64
-    return {"prompts": n, "samples_per_prompt": k, "reward": float(np.mean(reward)), "gold": float(np.mean(gold)),
-            "kl_ref": kl_ref, "per_completion": {"reward": list(reward), "gold": list(gold)}}  # fmt: skip
+    return {
+        "prompts": n,
+        "samples_per_prompt": k,
+        "reward": float(np.mean(reward)),
+        "gold": float(np.mean(gold)),
+        "kl_ref": kl_ref,
+        "per_completion": {"reward": list(reward), "gold": list(gold)},
+    }
 
 
 def test_comparison_table_says_what_happened_with_a_paired_standard_error():

@@ -53,12 +53,14 @@ def test_registered_gate_is_built_validated_and_described():
 def test_rgpo_config_validates_a_registered_gate(tmp_path):
     from rgpo_trl import RGPOConfig
 
-    config = RGPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, gate="half_tanh",
-                        gate_params='{"a": 4}')  # fmt: skip
+    config = RGPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, gate="half_tanh", gate_params='{"a": 4}'
+    )
     assert config.make_gate().a == 4.0
     with pytest.raises(ValueError, match=r"gate_params: gate 'half_tanh': a must be"):
-        RGPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, gate="half_tanh",
-                   gate_params={"a": -1})  # fmt: skip
+        RGPOConfig(
+            output_dir=str(tmp_path), report_to="none", use_cpu=True, gate="half_tanh", gate_params={"a": -1}
+        )
 
 
 def test_rgpo_trainer_trains_with_a_registered_gate(tmp_path):
@@ -77,8 +79,9 @@ def test_rgpo_trainer_trains_with_a_registered_gate(tmp_path):
     torch.set_num_threads(1)
     model_path = save_tiny_model(tmp_path / "model")
     args = RGPOConfig(**base_args(tmp_path / "out", gate="half_tanh", gate_params={"a": 3.0}))
-    trainer = RGPOTrainer(model_path, vowel_reward, args=args, train_dataset=tiny_dataset(),
-                          processing_class=tiny_tokenizer())  # fmt: skip
+    trainer = RGPOTrainer(
+        model_path, vowel_reward, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer()
+    )
     records = attach_recorder(trainer)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -86,10 +89,16 @@ def test_rgpo_trainer_trains_with_a_registered_gate(tmp_path):
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
     second = records[1]  # the reused batch: r_old != 1
     inputs = second["inputs"]
-    common = dict(kl_coef=second["kl_coef"], ref_logps=inputs["ref_per_token_logps"], ref_kl_coef=0.05,
-                  ratio_mode="dual", mask=inputs["completion_mask"],
-                  normalizer=inputs["num_items_in_batch"].float() * args.gradient_accumulation_steps
-                  / args.steps_per_generation)  # fmt: skip
+    common = dict(
+        kl_coef=second["kl_coef"],
+        ref_logps=inputs["ref_per_token_logps"],
+        ref_kl_coef=0.05,
+        ratio_mode="dual",
+        mask=inputs["completion_mask"],
+        normalizer=inputs["num_items_in_batch"].float()
+        * args.gradient_accumulation_steps
+        / args.steps_per_generation,
+    )
     old, adv = inputs["old_per_token_logps"], inputs["advantages"][:, None]
     expected, _ = rgpo_loss(second["logps"], old, adv, make_gate("half_tanh", a=3.0), **common)
     sigmoid, _ = rgpo_loss(second["logps"], old, adv, make_gate("sigmoid"), **common)
@@ -105,8 +114,16 @@ def test_mujoco_rgpo_script_trains_with_a_registered_gate(tmp_path):
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
-    kw = dict(env_id="Hopper-v4", seed=1, total_timesteps=512, num_steps=256, minibatch_size=64,
-              output_dir=str(tmp_path), tensorboard=False, verbose=False)  # fmt: skip
+    kw = dict(
+        env_id="Hopper-v4",
+        seed=1,
+        total_timesteps=512,
+        num_steps=256,
+        minibatch_size=64,
+        output_dir=str(tmp_path),
+        tensorboard=False,
+        verbose=False,
+    )
     HalfTanhGate.calls = 0
     final = module.main(module.Args(run_name="tanh", gate="half_tanh", gate_params={"a": 3.0}, **kw))
     assert HalfTanhGate.calls >= 2 * 4 * 10  # every mini-batch step of both iterations

@@ -1,6 +1,6 @@
 """The documentation's Python code blocks run as written (each page's blocks in order, in one namespace, in a
-temporary directory), except blocks marked ``<!-- docs-test: skip (reason) -->`` on the line before: a GPU, the
-hub or a long run. A page's claims about code are then checked where they are made."""
+temporary directory), except blocks marked ``<!-- docs-test: skip (reason) -->`` on the line before: a GPU,
+the hub or a long run. A page's claims about code are then checked where they are made."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The documentation site renders as written: one `mkdocs build --strict` per session, then the HTML of every page
-of docs/ is parsed (html.parser) for the marks of Markdown that did not render: a list swallowed into a table or
-a paragraph, a code fence shown as text or not rendered, bullets glued into one paragraph; and the site holds no
-published source file. tests/test_docs.py runs the pages' code; this checks what a browser shows."""
+"""The documentation site renders as written: one `mkdocs build --strict` per session, then the HTML of every
+page of docs/ is parsed (html.parser) for the marks of Markdown that did not render: a list swallowed into a
+table or a paragraph, a code fence shown as text or not rendered, bullets glued into one paragraph; and the
+site holds no published source file. tests/test_docs.py runs the pages' code; this checks what a browser
+shows."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ GLUED = re.compile(r"\n[ \t]*- +(?![/|\s])")
 
 
 class Page(HTMLParser):
-    """The text of a page's table cells and paragraphs, its text outside code, and its <pre> count. In a block's
-    text a rendered bold (<strong>, <b>) is marked "**" again, so a glued " - **Claim**" bullet reads as written."""
+    """The text of a page's table cells and paragraphs, its text outside code, and its <pre> count. In a
+    block's text a rendered bold (<strong>, <b>) is marked "**" again, so a glued " - **Claim**" bullet reads
+    as written."""
 
     BLOCKS = ("td", "th", "p")
 
@@ -78,7 +80,8 @@ class Page(HTMLParser):
 
 
 def opening_fences(markdown: str) -> int:
-    """The number of fenced code blocks in a Markdown page (an opening fence and its closing one count once)."""
+    """The number of fenced code blocks in a Markdown page (an opening fence and its closing one count
+    once)."""
     count, inside = 0, None
     for line in markdown.splitlines():
         m = FENCE.match(line)
@@ -120,8 +123,8 @@ def parse(path: str) -> Page:
 
 @pytest.fixture(scope="module")
 def pages(site) -> dict[str, Page]:
-    """The parsed HTML of each page of docs/ (the committed outputs that docs_hooks.py publishes beside them are
-    written by their commands and not checked here)."""
+    """The parsed HTML of each page of docs/ (the committed outputs that docs_hooks.py publishes beside them
+    are written by their commands and not checked here)."""
     parsed = {}
     for page in PAGES:
         path = html_of(site, page)

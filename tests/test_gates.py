@@ -149,7 +149,8 @@ def test_extreme_log_ratios_stay_finite(name, params, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_clamp_log_ratio_is_a_straight_through_clamp(dtype):
-    """Value: exactly the input inside +-LOG_RATIO_CLAMP, the bound (to 1 ulp) outside; gradient 1 everywhere."""
+    """Value: exactly the input inside +-LOG_RATIO_CLAMP, the bound (to 1 ulp) outside; gradient 1
+    everywhere."""
     log_r = (
         torch.cat(
             [

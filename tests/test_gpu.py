@@ -2,8 +2,9 @@
 
     python -m pytest -m gpu tests/test_gpu.py        # or: bash benchmarks/run_gpu_tests.sh
 
-A few optimizer steps of RGPOTrainer (dual ratio, adaptive KL), PPORLHFTrainer and AsyncRGPOTrainer on the tiny policy, on the
-GPU, in bf16: the parameters move, the loss and every logged metric are finite, and the model sits on the GPU."""
+A few optimizer steps of RGPOTrainer (dual ratio, adaptive KL), PPORLHFTrainer and AsyncRGPOTrainer on the
+tiny policy, on the GPU, in bf16: the parameters move, the loss and every logged metric are finite, and the
+model sits on the GPU."""
 
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def test_rgpo_trainer_trains_in_bf16_on_cuda(model_path, tmp_path):
     from rgpo_trl import RGPOConfig, RGPOTrainer
 
     args = RGPOConfig(**_gpu_args(tmp_path, max_steps=4, ratio_mode="dual"))
-    trainer = RGPOTrainer(model_path, vowel_reward, args=args, train_dataset=tiny_dataset(),
-                          processing_class=tiny_tokenizer())  # fmt: skip
+    trainer = RGPOTrainer(
+        model_path, vowel_reward, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer()
+    )
     before = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
     trainer.train()
     _check(trainer, before)
@@ -55,8 +57,9 @@ def test_ppo_rlhf_trainer_trains_in_bf16_on_cuda(model_path, tmp_path):
     from rgpo_trl import PPORLHFConfig, PPORLHFTrainer
 
     args = PPORLHFConfig(**_gpu_args(tmp_path, max_steps=4))
-    trainer = PPORLHFTrainer(model_path, vowel_reward, args=args, train_dataset=tiny_dataset(),
-                             processing_class=tiny_tokenizer())  # fmt: skip
+    trainer = PPORLHFTrainer(
+        model_path, vowel_reward, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer()
+    )
     before = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
     trainer.train()
     _check(trainer, before)

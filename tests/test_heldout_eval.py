@@ -1,4 +1,5 @@
-"""The held-out evaluation every RLHF method shares (rgpo_trl.rlhf.evaluation), on the quick tiny-HH assets."""
+"""The held-out evaluation every RLHF method shares (rgpo_trl.rlhf.evaluation), on the quick tiny-HH
+assets."""
 
 from __future__ import annotations
 
@@ -34,16 +35,26 @@ def test_kl_ref_is_zero_for_the_reference_itself_and_rewards_are_means_of_the_sc
     def gold(prompts, completions, **kw):
         return [1.0 if "a" in c[0]["content"] else 0.0 for c in completions]
 
-    res = evaluate_policy(model, tok, prompts, reward, ref_model=copy.deepcopy(model), gold_fn=gold,
-                          max_new_tokens=12, batch_size=3, seed=5)  # fmt: skip
+    res = evaluate_policy(
+        model,
+        tok,
+        prompts,
+        reward,
+        ref_model=copy.deepcopy(model),
+        gold_fn=gold,
+        max_new_tokens=12,
+        batch_size=3,
+        seed=5,
+    )
     assert res["kl_ref"] == 0.0 and res["prompts"] == len(prompts) == len(seen)
     assert res["reward"] == pytest.approx(sum(len(s) for s in seen) / len(seen))
     assert res["gold"] == pytest.approx(sum("a" in s for s in seen) / len(seen))
     lengths = [float(len(s)) for s in seen]
     assert res["reward_std"] == pytest.approx(statistics.stdev(lengths))  # sample std, ddof 1
     assert res["gold_std"] == pytest.approx(statistics.stdev([float("a" in s) for s in seen]))
-    again = evaluate_policy(model, tok, prompts, reward, ref_model=copy.deepcopy(model), max_new_tokens=12,
-                            batch_size=3, seed=5)  # fmt: skip
+    again = evaluate_policy(
+        model, tok, prompts, reward, ref_model=copy.deepcopy(model), max_new_tokens=12, batch_size=3, seed=5
+    )
     assert again["reward"] == res["reward"]  # seeded sampling
 
 

@@ -195,7 +195,8 @@ def test_offline_uncached_dataset_id_fails_fast(monkeypatch):
 
 
 def test_offline_env_in_fresh_process_no_hang():
-    """HF_HUB_OFFLINE=1 set before import (as a user would), uncached model id: error, well before a timeout."""
+    """HF_HUB_OFFLINE=1 set before import (as a user would), uncached model id: error, well before a
+    timeout."""
     code = (
         "from rgpo_trl.rlhf.hub_access import ensure_loadable, HubUnavailableError\n"
         "try:\n    ensure_loadable('Qwen/Qwen2.5-1.5B-Instruct', kind='model')\n"

@@ -1,4 +1,5 @@
-"""rgpo_trl.job_queue: N at a time, exit statuses, the suite's success check, logs, and stopping on interrupt."""
+"""rgpo_trl.job_queue: N at a time, exit statuses, the suite's success check, logs, and stopping on
+interrupt."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""KL controllers: the paper's doubling / halving rule (Eq. beta_update), its bounds, the fixed one, the registry."""
+"""KL controllers: the paper's doubling / halving rule (Eq. beta_update), its bounds, the fixed one, the
+registry."""
 
 import pytest
 

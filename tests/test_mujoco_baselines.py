@@ -63,10 +63,27 @@ def read_rows(run_dir):
 
 
 COMMON_KEYS = [
-    "iteration", "global_step", "episodic_return", "return_last100", "episodes", "kl", "kl_max", "spike",
-    "ess", "grad_var", "policy_loss", "value_loss", "entropy", "explained_variance", "learning_rate",
-    "epochs", "iter_time", "rollout_time", "update_time", "SPS",
-]  # fmt: skip
+    "iteration",
+    "global_step",
+    "episodic_return",
+    "return_last100",
+    "episodes",
+    "kl",
+    "kl_max",
+    "spike",
+    "ess",
+    "grad_var",
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "explained_variance",
+    "learning_rate",
+    "epochs",
+    "iter_time",
+    "rollout_time",
+    "update_time",
+    "SPS",
+]
 EXTRA_KEYS = {
     "ppo": ["clipfrac"],
     "rgpo": ["kl_coef", "kl_coef_next", "gate_mean", "weight_mean", "rejected_frac", "ratio_max", "backstop"],
@@ -117,9 +134,8 @@ def test_paper_defaults():
         assert a.norm_obs and a.norm_reward and a.clip_vloss and a.torch_threads == 1
     assert load("ppo").Args().clip_coef == 0.2
     r = load("rgpo").Args()
-    assert (r.gate, r.gate_params, r.kl_controller, r.kl_coef, r.kl_target, r.kl_coef_min, r.kl_coef_max) == (
-        "sigmoid", {}, "adaptive", 0.5, 0.02, 0.01, 5.0,
-    )  # fmt: skip
+    ours = (r.gate, r.gate_params, r.kl_controller, r.kl_coef, r.kl_target, r.kl_coef_min, r.kl_coef_max)
+    assert ours == ("sigmoid", {}, "adaptive", 0.5, 0.02, 0.01, 5.0)
     assert r.kl_backstop == 0.1 and rgpo_trl.make_gate(r.gate, **r.gate_params).k == 5.0  # the paper's k
     t = load("trpo").Args()
     assert (t.max_kl, t.cg_iters, t.cg_damping, t.update_epochs) == (0.01, 10, 0.1, 10)
@@ -283,11 +299,11 @@ def test_trpo_step_respects_kl_bound(tmp_path):
 
 
 def test_trpo_fisher_vector_product_is_the_closed_form_fisher():
-    """At pi = pi_old the Hessian of the mean Gaussian KL is the Fisher information: J^T diag(exp(-2 logstd)) J / N
-    for the mean network's parameters (J its Jacobian over the N states), 2 I for log-std, no cross terms.
-    Both products (the KL's Hessian by autograd, and --compile's hand-written J v / J^T u) in float64 against that
-    closed form built from autograd's full Jacobian, bit for bit against rebuilding the KL graph per product, and conjugate
-    gradient against a direct solve."""
+    """At pi = pi_old the Hessian of the mean Gaussian KL is the Fisher information: J^T diag(exp(-2 logstd))
+    J / N for the mean network's parameters (J its Jacobian over the N states), 2 I for log-std, no cross
+    terms. Both products (the KL's Hessian by autograd, and --compile's hand-written J v / J^T u) in float64
+    against that closed form built from autograd's full Jacobian, bit for bit against rebuilding the KL graph
+    per product, and conjugate gradient against a direct solve."""
     import torch
 
     module = load("trpo")
@@ -423,7 +439,8 @@ def test_interrupted_run_resumes_to_the_same_metrics(method, compile, tmp_path, 
                 rb[key],
             )
     assert resumed["final_return"] == reference["final_return"] and resumed["resumed_at_iterations"] == [2]
-    # the periodic evaluations survive the interruption: rows up to the checkpoint from it, later ones recomputed
+    # the periodic evaluations survive the interruption: rows up to the checkpoint from it, later ones
+    # recomputed
     eval_a, eval_b = (open(tmp_path / d / "run" / "eval.csv").read() for d in ("a", "b"))
     assert eval_a == eval_b and len(eval_a.splitlines()) == 6
     assert resumed["eval_episodes"] == reference["eval_episodes"]
@@ -451,7 +468,8 @@ def test_deterministic_evaluation_leaves_training_unchanged(method, tmp_path):
 
 def test_evaluation_is_the_mean_action_on_its_own_seeded_env():
     """Against a plain gymnasium loop: a policy whose mean action is a fixed function of the normalised
-    observation, the env seeded with seed + EVAL_SEED_OFFSET, observations normalised with frozen statistics."""
+    observation, the env seeded with seed + EVAL_SEED_OFFSET, observations normalised with frozen
+    statistics."""
     import gymnasium as gym
     import torch
 
@@ -511,8 +529,17 @@ def test_scripts_share_the_common_module_and_their_defaults():
 
     from mujoco_baselines import common
 
-    shared = ["Agent", "MujocoEnv", "Rollout", "Run", "UpdateStep", "iteration_metrics", "resolve_args", "cli",
-              "seed_everything"]  # fmt: skip
+    shared = [
+        "Agent",
+        "MujocoEnv",
+        "Rollout",
+        "Run",
+        "UpdateStep",
+        "iteration_metrics",
+        "resolve_args",
+        "cli",
+        "seed_everything",
+    ]
     for method in METHODS:
         module = load(method)
         for name in shared:
@@ -635,8 +662,12 @@ def test_grid_runner_ray_backend_matches_local_runs(tmp_path):
         == []
     )
     try:
-        assert grid.run_suites(runs, str(tmp_path / "ray"), jobs=2, checkpoints=str(tmp_path / "c2"), poll=0.2,
-                               backend="ray") == []  # fmt: skip
+        assert (
+            grid.run_suites(
+                runs, str(tmp_path / "ray"), jobs=2, checkpoints=str(tmp_path / "c2"), poll=0.2, backend="ray"
+            )
+            == []
+        )
     finally:
         ray.shutdown()
     for run in runs:
@@ -667,8 +698,9 @@ def test_rollout_mean_action_is_actor_mean_bit_for_bit():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_numpy_mean_action_is_actor_mean_and_follows_updates(method):
-    """--compile's rollout policy mean (numpy on views of the weights) is actor_mean up to float32 rounding against
-    a float64 reference, and sees the weights after an in-place optimiser step and a checkpoint reload."""
+    """--compile's rollout policy mean (numpy on views of the weights) is actor_mean up to float32 rounding
+    against a float64 reference, and sees the weights after an in-place optimiser step and a checkpoint
+    reload."""
     import torch
 
     module = load(method)
@@ -697,15 +729,19 @@ def test_numpy_mean_action_is_actor_mean_and_follows_updates(method):
 
 
 def test_readme_script_commands_parse():
-    """Every `python mujoco_baselines/<method>_continuous_action.py ...` line in the READMEs and docs names real flags
-    (tyro parses it; a renamed or invented flag fails here, not in a user's terminal)."""
+    """Every `python mujoco_baselines/<method>_continuous_action.py ...` line in the READMEs and docs names
+    real flags (tyro parses it; a renamed or invented flag fails here, not in a user's terminal)."""
     import shlex
 
     import tyro
 
     commands = []
-    pages = [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(os.path.join(ROOT, "docs"))
-             for f in fs if f.endswith(".md")]  # fmt: skip
+    pages = [
+        os.path.relpath(os.path.join(d, f), ROOT)
+        for d, _, fs in os.walk(os.path.join(ROOT, "docs"))
+        for f in fs
+        if f.endswith(".md")
+    ]
     for readme in ("README.md", os.path.join("mujoco_baselines", "README.md"), *pages):
         with open(os.path.join(ROOT, readme)) as f:
             for line in f:

@@ -87,8 +87,15 @@ def _run_both(method, compile, steps, max_grad_norm=0.5, value_only=False, lr_sc
         if value_only:
             batch = (d["obs"][idx], d["returns"][idx], d["values"][idx])
         else:
-            batch = (d["obs"][idx], d["actions"][idx], d["adv"][idx], d["logprobs"][idx], d["returns"][idx],
-                     d["values"][idx], *NO_WEIGHT.get(method, ()))  # fmt: skip
+            batch = (
+                d["obs"][idx],
+                d["actions"][idx],
+                d["adv"][idx],
+                d["logprobs"][idx],
+                d["returns"][idx],
+                d["values"][idx],
+                *NO_WEIGHT.get(method, ()),
+            )
         eager_extra, fast_extra = (
             ((0.5,), (torch.tensor(0.5),)) if method == "rgpo" and not value_only else ((), ())
         )
@@ -138,9 +145,9 @@ def test_uncompiled_functional_step_is_torchs_step_bit_for_bit(method, max_grad_
 @needs_compiler
 @pytest.mark.parametrize("method", ["rgpo", "trpo"])
 def test_compiled_step_matches_eager_step_to_float_tolerance(method):
-    """Under torch.compile the same 20 steps agree with the eager ones to float32 tolerance (inductor fuses and
-    reorders float operations, so not bit for bit); the optimiser state stays torch.optim.Adam's, so an eager
-    optimiser continues from it (checkpoints and resume work in both modes)."""
+    """Under torch.compile the same 20 steps agree with the eager ones to float32 tolerance (inductor fuses
+    and reorders float operations, so not bit for bit); the optimiser state stays torch.optim.Adam's, so an
+    eager optimiser continues from it (checkpoints and resume work in both modes)."""
     value_only = method == "trpo"
     outputs, (agent, _), (twin, opt_f), g_sums = _run_both(method, True, 20, value_only=value_only)
     for (loss, loss_f), _ in outputs:
@@ -196,8 +203,8 @@ def _run_in_calls(method, compile, n_batches, steps_per_call):
 
 @pytest.mark.parametrize("method", ["ppo", "awr"])
 def test_run_makes_torchs_steps_in_calls_of_several(method):
-    """`run` over 7 batches, 3 steps per call (calls of 3, 3 and 1): without compilation each step is torch's eager
-    step bit for bit, so the Adam step counts and bias corrections carry across calls."""
+    """`run` over 7 batches, 3 steps per call (calls of 3, 3 and 1): without compilation each step is torch's
+    eager step bit for bit, so the Adam step counts and bias corrections carry across calls."""
     eager, fast, (agent, opt), (twin, opt_f), g_sums = _run_in_calls(method, False, 7, steps_per_call=3)
     for (loss, g_sq), (loss_f, g_sq_f) in zip(eager, fast, strict=True):
         _assert_close(loss, loss_f, exact=True)
@@ -278,8 +285,8 @@ def _fake_run(root, name, final_return, kls, sps=1000.0):
 
 
 def test_compile_equivalence_report_on_known_runs(tmp_path):
-    """Known runs in, known verdicts out: a compiled side equal to the eager side agrees (p = 1); one shifted by
-    many seed stds does not; the means, Welch p (against scipy) and unfinished runs are as constructed."""
+    """Known runs in, known verdicts out: a compiled side equal to the eager side agrees (p = 1); one shifted
+    by many seed stds does not; the means, Welch p (against scipy) and unfinished runs are as constructed."""
     from scipy import stats
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -318,12 +325,11 @@ def test_compile_without_a_cxx_compiler_fails_at_start_with_a_clear_error(tmp_pa
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(root, "mujoco_baselines", "rgpo_continuous_action.py"), "--compile",
-         "--env-id", "Hopper-v4", "--total-timesteps", "256", "--num-steps", "256", "--output-dir", str(tmp_path),
-         "--run-name", "nocxx", "--no-tensorboard"],
-        env={**os.environ, "CXX": str(tmp_path / "no-such-compiler")}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    script = os.path.join(root, "mujoco_baselines", "rgpo_continuous_action.py")
+    argv = [sys.executable, script, "--compile", "--env-id", "Hopper-v4", "--total-timesteps", "256"]
+    argv += ["--num-steps", "256", "--output-dir", str(tmp_path), "--run-name", "nocxx", "--no-tensorboard"]
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler")}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "--compile needs a C++ compiler" in proc.stderr and "run without --compile" in proc.stderr
     assert not (tmp_path / "nocxx" / "metrics.csv").exists()  # refused before the first rollout

@@ -26,8 +26,9 @@ def _training_columns(rows):
 
 @pytest.mark.parametrize("method", ["ppo", "rgpo"])
 def test_decoupled_objective_at_lag_zero_is_the_base_method_bit_for_bit(method, tmp_path):
-    """At L = 0 the behaviour policy is the proximal one: the truncated weight is exactly 1 and the ratio's anchor
-    the same log-probs, so decoupled PPO / RGPO train exactly as PPO / RGPO (every metric, as floats)."""
+    """At L = 0 the behaviour policy is the proximal one: the truncated weight is exactly 1 and the ratio's
+    anchor the same log-probs, so decoupled PPO / RGPO train exactly as PPO / RGPO (every metric, as
+    floats)."""
     module = load(method)
     kw = dict(total_timesteps=256 * 3, eval_episodes=1)
     base = module.main(small_args(module, tmp_path, "base", **kw))
@@ -133,7 +134,8 @@ def test_rgpo_loss_weights_the_gated_term_only():
     torch.testing.assert_close(loss.detach(), ref, rtol=1e-10, atol=1e-12)
     loss.backward()
     assert w.grad is None  # the weight is a constant of the loss
-    # d loss / d log pi_i = -(w_i g'(r_i) r_i A_i - beta (r_i - 1)) / N, by autograd through the library's gate
+    # d loss / d log pi_i = -(w_i g'(r_i) r_i A_i - beta (r_i - 1)) / N, by autograd through the library's
+    # gate
     lr = log_r.clone().requires_grad_(True)
     (gate.g(lr) * w.detach() * adv).sum().backward()
     expected = (-lr.grad + 0.5 * (log_r.exp() - 1)) / len(new)

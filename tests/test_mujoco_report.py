@@ -45,12 +45,20 @@ def write_run(
             f,
         )
     n = len(kl)
-    pd.DataFrame({
-        "iteration": np.arange(1, n + 1), "global_step": 2048 * np.arange(1, n + 1),
-        "episodic_return": np.linspace(0, final_return, n), "return_last100": np.linspace(0, final_return, n),
-        "kl": kl, "kl_max": np.asarray(kl) * 2, "kl_final": np.asarray(kl) * 1.5, "ess": np.full(n, 0.9),
-        "grad_var": np.full(n, 1e-3), "entropy": np.linspace(1.0, final_return / 100, n),
-    }).to_csv(os.path.join(d, "metrics.csv"), index=False)  # fmt: skip
+    pd.DataFrame(
+        {
+            "iteration": np.arange(1, n + 1),
+            "global_step": 2048 * np.arange(1, n + 1),
+            "episodic_return": np.linspace(0, final_return, n),
+            "return_last100": np.linspace(0, final_return, n),
+            "kl": kl,
+            "kl_max": np.asarray(kl) * 2,
+            "kl_final": np.asarray(kl) * 1.5,
+            "ess": np.full(n, 0.9),
+            "grad_var": np.full(n, 1e-3),
+            "entropy": np.linspace(1.0, final_return / 100, n),
+        }
+    ).to_csv(os.path.join(d, "metrics.csv"), index=False)
     if finished:
         with open(os.path.join(d, "final.json"), "w") as f:
             json.dump({"final_return": final_return}, f)
@@ -123,22 +131,34 @@ def test_gates_window_and_report_files(results, tmp_path):
     text = report.build_report(results, out, n_boot=200)
     assert "| main | 48 | 7 | 1 | 40 |" in text  # 7 finished, Hopper RGPO in progress, the rest not started
     assert "| clipped_linear | 0 | not run / 3181 | - / -7% |" in text
-    for name in ("report.md", "main_returns.csv", "kl_ess.csv", "aggregate.json", "final_returns.png",
-                 "curves_kl.png", "kl_spectrum.png", "gates.png"):  # fmt: skip
+    for name in (
+        "report.md",
+        "main_returns.csv",
+        "kl_ess.csv",
+        "aggregate.json",
+        "final_returns.png",
+        "curves_kl.png",
+        "kl_spectrum.png",
+        "gates.png",
+    ):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
 
 
 def test_gates_against_sigmoid_welch(tmp_path):
-    """Each gate against sigmoid (main's RGPO, HalfCheetah) on the last-20-iteration window: the change and the
-    one-tailed Welch p for sigmoid > gate, against scipy; the paper's change beside it."""
+    """Each gate against sigmoid (main's RGPO, HalfCheetah) on the last-20-iteration window: the change and
+    the one-tailed Welch p for sigmoid > gate, against scipy; the paper's change beside it."""
     root = str(tmp_path / "r")
     for seed, (sig, lin) in enumerate([(1000.0, 700.0), (1200.0, 800.0), (1100.0, 1000.0)]):
         write_run(root, "main", "HalfCheetah-v4", "rgpo", seed, sig, [0.02] * 30)
         write_run(root, "gates", "HalfCheetah-v4", "rgpo", seed, lin, [0.02] * 30, variant="clipped_linear")
     t = report.gates_table(report.load_runs(root)).set_index("gate")
     window = np.linspace(0, 1, 30)[-20:].mean()  # episodic_return = linspace(0, final, 30)
-    ref = stats.ttest_ind(np.array([1000, 1200, 1100]) * window, np.array([700, 800, 1000]) * window,
-                          equal_var=False, alternative="greater")  # fmt: skip
+    ref = stats.ttest_ind(
+        np.array([1000, 1200, 1100]) * window,
+        np.array([700, 800, 1000]) * window,
+        equal_var=False,
+        alternative="greater",
+    )
     lin = t.loc["clipped_linear"]
     assert lin.p_sigmoid_greater == pytest.approx(ref.pvalue)
     assert lin.vs_sigmoid == pytest.approx(2500 / 3300 - 1)
@@ -151,8 +171,8 @@ def test_gates_against_sigmoid_welch(tmp_path):
 
 
 def test_ppo_kl_table_rows(results):
-    """Each setting's row: its run's return and both KL definitions; `default` is main's seed 0; the paper's row
-    above; a setting without a finished run is 'not run'."""
+    """Each setting's row: its run's return and both KL definitions; `default` is main's seed 0; the paper's
+    row above; a setting without a finished run is 'not run'."""
     write_run(
         results, "ppo_kl", "HalfCheetah-v4", "ppo", 0, 700.0, [0.01, 0.09, 0.05, 0.2], variant="no_lranneal"
     )
@@ -193,8 +213,9 @@ def test_long_horizon_table_welch_and_figure(tmp_path):
 
 
 def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
-    """The 'annealed' study pools main_compiled's seeds 0-2 with annealed5's 3-4; training and evaluation returns, Welch
-    two-sided against scipy, the std ratio, and the aggregate IQM / probability of improvement by hand."""
+    """The 'annealed' study pools main_compiled's seeds 0-2 with annealed5's 3-4; training and evaluation
+    returns, Welch two-sided against scipy, the std ratio, and the aggregate IQM / probability of improvement
+    by hand."""
     root = str(tmp_path / "results")
     ppo, rgpo = [100.0, 200.0, 300.0, 260.0, 240.0], [150.0, 250.0, 100.0, 400.0, 330.0]
     for seed in range(5):
@@ -240,8 +261,8 @@ def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
 
 def test_kl_budget_contrast_tests_capped_ppo_against_rgpo_at_its_default_budget(tmp_path):
     """The kl_budget study's extra pair: PPO with target_kl 0.03 (kl_budget suite) against RGPO at target 0.02
-    (main_compiled's seeds 0-2 only), Welch two-sided against scipy, each arm's mean KL over its iterations; Holm
-    over the study's family (here the contrast is the only training test with two runs a side)."""
+    (main_compiled's seeds 0-2 only), Welch two-sided against scipy, each arm's mean KL over its iterations;
+    Holm over the study's family (here the contrast is the only training test with two runs a side)."""
     root = str(tmp_path / "results")
     capped, rgpo = [900.0, 1100.0, 1300.0], [700.0, 650.0, 900.0]
     for seed in range(3):
@@ -275,10 +296,10 @@ def test_kl_budget_contrast_tests_capped_ppo_against_rgpo_at_its_default_budget(
 
 
 def test_minmax_aggregate_is_added_where_the_reference_mean_is_near_zero(tmp_path):
-    """With a reference mean within one std of 0 (constant-rate PPO on Ant), dividing by it is meaningless: the
-    report flags the environment and adds a min-max aggregate (worst run of the study in that environment -> 0,
-    best -> 1), checked against a hand computation; P(arm > reference) compares runs within an environment, so it
-    is the same under both normalisations."""
+    """With a reference mean within one std of 0 (constant-rate PPO on Ant), dividing by it is meaningless:
+    the report flags the environment and adds a min-max aggregate (worst run of the study in that environment
+    -> 0, best -> 1), checked against a hand computation; P(arm > reference) compares runs within an
+    environment, so it is the same under both normalisations."""
     root = str(tmp_path / "results")
     ant_ppo, ant_rgpo = [-40.0, 5.0, 45.0], [20.0, 50.0, 35.0]  # PPO's mean 3.3, std 42.5
     hc_ppo, hc_rgpo = [1000.0, 1200.0, 1400.0], [1100.0, 1500.0, 1300.0]
@@ -309,14 +330,19 @@ def test_minmax_aggregate_is_added_where_the_reference_mean_is_near_zero(tmp_pat
 
 
 def test_policy_lag_study_follows_its_reading_rule(tmp_path):
-    """The policy-lag rule on known numbers: L = 0 from main_compiled + annealed5 (shared by the decoupled arms),
-    the RGPO-vs-PPO family at L = 8 with Holm over 4 tests (scipy's Welch p, Holm by hand), the change from L = 0
-    and the retention family; staleness columns averaged over iterations."""
+    """The policy-lag rule on known numbers: L = 0 from main_compiled + annealed5 (shared by the decoupled
+    arms), the RGPO-vs-PPO family at L = 8 with Holm over 4 tests (scipy's Welch p, Holm by hand), the change
+    from L = 0 and the retention family; staleness columns averaged over iterations."""
     root = str(tmp_path / "results")
     env = "Walker2d-v4"
     l0 = {"ppo": [1000.0, 1100.0, 900.0, 1050.0, 950.0], "rgpo": [800.0, 900.0, 1000.0, 850.0, 950.0]}
-    l8 = {"lag8": {"ppo": [200.0, 300.0, 250.0, 220.0, 280.0], "rgpo": [700.0, 750.0, 800.0, 650.0, 720.0]},
-          "lag8_decoupled": {"ppo": [900.0, 800.0, 850.0, 950.0, 870.0], "rgpo": [820.0, 760.0, 900.0, 780.0, 840.0]}}  # fmt: skip
+    l8 = {
+        "lag8": {"ppo": [200.0, 300.0, 250.0, 220.0, 280.0], "rgpo": [700.0, 750.0, 800.0, 650.0, 720.0]},
+        "lag8_decoupled": {
+            "ppo": [900.0, 800.0, 850.0, 950.0, 870.0],
+            "rgpo": [820.0, 760.0, 900.0, 780.0, 840.0],
+        },
+    }
 
     def finish(suite, method, variant, seed, value):
         path = os.path.join(root, suite, f"{env}__{method}__{variant}__s{seed}__1000k", "final.json")
@@ -345,8 +371,12 @@ def test_policy_lag_study_follows_its_reading_rule(tmp_path):
     assert summary[env, 8, "rgpo"]["behaviour_ratio_max"] == 3.0
     assert summary[env, 8, "rgpo"]["rejected_frac"] == pytest.approx(0.2)  # one run has the column
     fam = [r for r in t["pairs"] if r["env"] == env and r["lag"] == 8 and r["metric"] == "eval"]
-    arms = {"rgpo": l8["lag8"]["rgpo"], "rgpo decoupled": l8["lag8_decoupled"]["rgpo"],
-            "ppo": l8["lag8"]["ppo"], "ppo decoupled": l8["lag8_decoupled"]["ppo"]}  # fmt: skip
+    arms = {
+        "rgpo": l8["lag8"]["rgpo"],
+        "rgpo decoupled": l8["lag8_decoupled"]["rgpo"],
+        "ppo": l8["lag8"]["ppo"],
+        "ppo decoupled": l8["lag8_decoupled"]["ppo"],
+    }
     raw = [stats.ttest_ind(arms[r["a"]], arms[r["b"]], equal_var=False).pvalue for r in fam]
     assert [r["test"].p for r in fam] == pytest.approx(raw)
     order = np.argsort(raw)

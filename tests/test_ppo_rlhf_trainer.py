@@ -1,5 +1,6 @@
-"""PPORLHFTrainer on the tiny Qwen2 policy: advantages from GAE against a float64 recomputation, the loss against a
-formula written out here, a short run that raises the reward, and resume of the value model and optimizer."""
+"""PPORLHFTrainer on the tiny Qwen2 policy: advantages from GAE against a float64 recomputation, the loss
+against a formula written out here, a short run that raises the reward, and resume of the value model and
+optimizer."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def make(model_path, out, **overrides):
     kw = base_args(out, **overrides)
     kw.pop("beta")
     args = PPORLHFConfig(**kw)
-    return PPORLHFTrainer(model_path, vowel_reward, args=args, train_dataset=tiny_dataset(),
-                          processing_class=tiny_tokenizer())  # fmt: skip
+    return PPORLHFTrainer(
+        model_path, vowel_reward, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer()
+    )
 
 
 def capture_generation(trainer):
@@ -42,8 +44,12 @@ def capture_generation(trainer):
 
     def wrapped(inputs):
         out = original(inputs)
-        batches.append({"out": {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in out.items()},
-                        "scores": trainer._last_scores.detach().clone()})  # fmt: skip
+        batches.append(
+            {
+                "out": {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in out.items()},
+                "scores": trainer._last_scores.detach().clone(),
+            }
+        )
         return out
 
     trainer._generate_and_score_completions = wrapped
@@ -147,11 +153,15 @@ def test_resume_restores_value_model_and_optimizer(model_path, tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [({"loss_type": "grpo"}, "loss_type='grpo' is not supported by PPORLHFTrainer"),
-     ({"scale_rewards": "batch"}, "scale_rewards"), ({"beta": 0.0}, r"beta must be a number in \(0, inf\)"),
-     ({"gae_lambda": 1.5}, r"gae_lambda must be a number in \[0, 1\]"), ({"vf_coef": 0}, "vf_coef"),
-     ({"entropy_coef": 0.1}, "entropy_coef")],
-)  # fmt: skip
+    [
+        ({"loss_type": "grpo"}, "loss_type='grpo' is not supported by PPORLHFTrainer"),
+        ({"scale_rewards": "batch"}, "scale_rewards"),
+        ({"beta": 0.0}, r"beta must be a number in \(0, inf\)"),
+        ({"gae_lambda": 1.5}, r"gae_lambda must be a number in \[0, 1\]"),
+        ({"vf_coef": 0}, "vf_coef"),
+        ({"entropy_coef": 0.1}, "entropy_coef"),
+    ],
+)
 def test_config_refuses_what_ppo_does_not_read(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         PPORLHFConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **kwargs)
@@ -162,9 +172,14 @@ def test_peft_trains_the_adapter_and_the_value_model_only(model_path, tmp_path):
 
     kw = base_args(tmp_path, max_steps=2, learning_rate=5e-2)
     kw.pop("beta")
-    trainer = PPORLHFTrainer(model_path, vowel_reward, args=PPORLHFConfig(**kw), train_dataset=tiny_dataset(),
-                             processing_class=tiny_tokenizer(),
-                             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    trainer = PPORLHFTrainer(
+        model_path,
+        vowel_reward,
+        args=PPORLHFConfig(**kw),
+        train_dataset=tiny_dataset(),
+        processing_class=tiny_tokenizer(),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     after = dict(trainer.model.named_parameters())

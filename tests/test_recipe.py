@@ -307,23 +307,29 @@ def test_sft_baseline_is_the_initial_policy_through_the_same_evaluation(tmp_path
     tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir, padding_side="left")
     prompts, _ = load_hh_helpful_prompts(str(quick_assets.train_file), "train", tok, 128, max_rows=32)
     direct = evaluate_policy(
-        AutoModelForCausalLM.from_pretrained(quick_assets.policy_dir), tok,
-        [p["prompt"] for p in prompts.select(range(6))], load_pairwise_reward(str(quick_assets.reward_model_dir)),
-        gold_fn=gold_reward_func_v3, max_new_tokens=8, temperature=1.0, seed=summary["seed"],
-    )  # fmt: skip
+        AutoModelForCausalLM.from_pretrained(quick_assets.policy_dir),
+        tok,
+        [p["prompt"] for p in prompts.select(range(6))],
+        load_pairwise_reward(str(quick_assets.reward_model_dir)),
+        gold_fn=gold_reward_func_v3,
+        max_new_tokens=8,
+        temperature=1.0,
+        seed=summary["seed"],
+    )
     assert (summary["reward"], summary["gold"]) == pytest.approx((direct["reward"], direct["gold"]))
     heldout = json.loads((tmp_path / "heldout.json").read_text())
     assert heldout["kl_ref"] == 0.0 and heldout["prompts"] == 8
 
 
 def test_presets_have_their_own_world_and_default_output_directory():
-    """`world` is a field of the YAML, not the file name; the default output directory is per preset file, so the
-    tiny and tiny_paper presets no longer share one."""
+    """`world` is a field of the YAML, not the file name; the default output directory is per preset file, so
+    the tiny and tiny_paper presets no longer share one."""
     seen = {}
     for name, world in (("tiny", "tiny"), ("tiny_paper", "tiny"), ("paper", "hh")):
         config = str(ROOT / "recipes" / "configs" / f"hh_rlhf_{name}.yaml")
-        script, train, _ = recipe.parse_args(["--config", config, "--use_cpu", "true", "--bf16", "false"],
-                                             check_hub=False)  # fmt: skip
+        script, train, _ = recipe.parse_args(
+            ["--config", config, "--use_cpu", "true", "--bf16", "false"], check_hub=False
+        )
         assert script.world == world and train.output_dir == f"runs/hh_rlhf_qwen/{name}-rgpo"
         seen[name] = train.output_dir
     assert len(set(seen.values())) == 3
@@ -352,15 +358,20 @@ def test_push_to_hub_is_refused_offline_before_anything_is_built(tmp_path, monke
 
 
 def test_v3_validation_prompts_come_from_their_own_split(tmp_path, quick_assets):
-    """World v3: `validation_dataset_name: tiny-hh/validation` takes the validation prompts from the validation
-    file (no training prompt shares their question), the rest of training untouched; the gold logged is v3's."""
+    """World v3: `validation_dataset_name: tiny-hh/validation` takes the validation prompts from the
+    validation file (no training prompt shares their question), the rest of training untouched; the gold
+    logged is v3's."""
     from transformers import AutoTokenizer
 
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
     from rgpo_trl.tiny_hh import gold_for, gold_score_v3
 
-    argv = _tiny_argv(quick_assets, tmp_path, "rgpo") + ["--validation_dataset_name", "tiny-hh/validation",
-                                                         "--validation_prompts", "16"]  # fmt: skip
+    argv = _tiny_argv(quick_assets, tmp_path, "rgpo") + [
+        "--validation_dataset_name",
+        "tiny-hh/validation",
+        "--validation_prompts",
+        "16",
+    ]
     script, _, model = recipe.parse_args(argv, check_hub=False)
     recipe.resolve_tiny_assets(script, model)
     assert script.tiny_version == 3 and script.validation_dataset_name == str(quick_assets.validation_file)
@@ -376,12 +387,15 @@ def test_v3_validation_prompts_come_from_their_own_split(tmp_path, quick_assets)
 
 
 def test_v2_preset_keeps_world_v2_and_v3_preset_names_its_splits():
-    """The v2 protocol's preset pins world v2 (its committed results stay reproducible); the v3 preset names the
-    validation split; a preset without the key gets the default, v3."""
+    """The v2 protocol's preset pins world v2 (its committed results stay reproducible); the v3 preset names
+    the validation split; a preset without the key gets the default, v3."""
     default = recipe.HHScriptArguments.__dataclass_fields__["tiny_version"].default
     assert default == 3
-    for name, version, validation in (("tiny_paper", 2, None), ("tiny_paper_v3", 3, "tiny-hh/validation"),
-                                      ("tiny", 3, None)):  # fmt: skip
+    for name, version, validation in (
+        ("tiny_paper", 2, None),
+        ("tiny_paper_v3", 3, "tiny-hh/validation"),
+        ("tiny", 3, None),
+    ):
         preset = yaml.safe_load((ROOT / "recipes" / "configs" / f"hh_rlhf_{name}.yaml").read_text())
         assert preset.get("tiny_version", default) == version
         assert preset.get("validation_dataset_name") == validation
@@ -389,8 +403,9 @@ def test_v2_preset_keeps_world_v2_and_v3_preset_names_its_splits():
 
 @pytest.mark.parametrize("method", ["rgpo", "rgpo_old", "grpo"])
 def test_tiny_async_run_shows_staleness_and_for_rgpo_the_gate(tmp_path, quick_assets, method):
-    """--trainer async on CPU: TRL's asynchronous trainer with the in-process worker at a controlled lag of 2; the
-    metrics show samples 2 versions old and, for RGPO, the gate's statistics by staleness and the controller."""
+    """--trainer async on CPU: TRL's asynchronous trainer with the in-process worker at a controlled lag of 2;
+    the metrics show samples 2 versions old and, for RGPO, the gate's statistics by staleness and the
+    controller."""
     argv = _tiny_argv(
         quick_assets,
         tmp_path,

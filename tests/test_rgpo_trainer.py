@@ -288,7 +288,8 @@ def paper_rule(beta, mean_kl, target=0.02, lo=0.01, hi=5.0):
     ids=["high_kl_doubles", "low_kl_halves"],
 )
 def test_kl_coef_follows_the_paper_rule_once_per_iteration(model_path, tmp_path, learning_rate, direction):
-    # 3 iterations of num_iterations (2) x steps_per_generation (2) = 4 micro-batches = 2 optimizer steps each.
+    # 3 iterations of num_iterations (2) x steps_per_generation (2) = 4 micro-batches = 2 optimizer steps
+    # each.
     trainer = make_trainer(
         model_path,
         tmp_path,
@@ -351,14 +352,14 @@ def test_kl_coef_checkpoint_and_resume(model_path, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- accumulation
 def test_gradient_accumulation_matches_larger_batch(model_path, tmp_path):
-    """2 micro-batches of 4 completions accumulated == 1 batch of 8, with plain SGD (update = -lr * grad) and no
-    gradient clipping, so the comparison is of gradients.
+    """2 micro-batches of 4 completions accumulated == 1 batch of 8, with plain SGD (update = -lr * grad) and
+    no gradient clipping, so the comparison is of gradients.
 
-    Tolerance: 1e-6 of the largest update entry (measured: ~1e-7), in float64. In float32 the two differ by ~1e-3
-    relative, for a reason unrelated to the loss: the group-normalised advantages sum to zero and the gradients of
-    log pi of a random tiny model are nearly identical across samples, so sum_i A_i grad log pi_i cancels by ~4
-    orders of magnitude and amplifies float32 rounding differences between a batch of 4 and a batch of 8 (the
-    loss values themselves agree to 1e-9)."""
+    Tolerance: 1e-6 of the largest update entry (measured: ~1e-7), in float64. In float32 the two differ by
+    ~1e-3 relative, for a reason unrelated to the loss: the group-normalised advantages sum to zero and the
+    gradients of log pi of a random tiny model are nearly identical across samples, so sum_i A_i grad log pi_i
+    cancels by ~4 orders of magnitude and amplifies float32 rounding differences between a batch of 4 and a
+    batch of 8 (the loss values themselves agree to 1e-9)."""
     common = dict(
         optim="sgd",
         learning_rate=0.5,

@@ -1,8 +1,8 @@
 """A real two-process CPU run of RGPOTrainer (gloo, via torchrun): both ranks log the same metric keys and end
 every iteration with the same KL-to-old coefficient, computed from the KLhat_old reduced across ranks.
 
-`accelerate launch --cpu --num_processes 2` silently starts ONE process; torchrun with `use_cpu=True` gives two
-gloo ranks, and the test asserts that the world size really was 2."""
+`accelerate launch --cpu --num_processes 2` silently starts ONE process; torchrun with `use_cpu=True` gives
+two gloo ranks, and the test asserts that the world size really was 2."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def test_two_process_cpu_run(tmp_path):
     assert r0["metric_keys"] == r1["metric_keys"]
     for key in ("rgpo/gate_mean", "rgpo/kl_old", "rgpo/kl_coef", "rgpo/ess", "rgpo/kl_old_iteration", "kl"):
         assert key in r0["metric_keys"]
-    # 4 optimizer steps, num_iterations=2 -> 2 iterations, one controller update each, identical on both ranks.
+    # 4 optimizer steps, num_iterations=2 -> 2 iterations, one controller update each, identical on both
+    # ranks.
     assert len(r0["kl_coef_after_each_iteration"]) == 2
     assert r0["kl_coef_after_each_iteration"] == r1["kl_coef_after_each_iteration"]
     assert r0["kl_old_iteration"] == r1["kl_old_iteration"]

@@ -45,8 +45,17 @@ def token_entropies(model, inputs) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def reference_loss(trainer, record, *, loss_type="dapo", entropy_mask=None, seq_mask=None, is_ratio=None,
-                   bias_corrected=False, entropy_coef=0.0):  # fmt: skip
+def reference_loss(
+    trainer,
+    record,
+    *,
+    loss_type="dapo",
+    entropy_mask=None,
+    seq_mask=None,
+    is_ratio=None,
+    bias_corrected=False,
+    entropy_coef=0.0,
+):
     """RGPO per-token terms (paper) with GRPO's option applied where GRPOTrainer applies it, aggregated as
     GRPOTrainer aggregates ``loss_type``."""
     inputs, logps = record["inputs"], record["logps"]
@@ -128,19 +137,28 @@ def test_loss_type_aggregates_as_grpo_trainer(model_path, tmp_path, loss_type):
 def test_static_entropy_bonus(model_path, tmp_path):
     trainer, records = train(model_path, tmp_path, entropy_coef=0.1)
     for record in records:
-        torch.testing.assert_close(record["loss"], reference_loss(trainer, record, entropy_coef=0.1), atol=LOSS_ATOL,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            record["loss"], reference_loss(trainer, record, entropy_coef=0.1), atol=LOSS_ATOL, rtol=0
+        )
     assert any(e.get("entropy_coef") == 0.1 for e in trainer.state.log_history)
 
 
 def test_adaptive_entropy_bonus(model_path, tmp_path):
-    """No bonus until a window's entropy is measured below the target; then the coefficient steps up by delta."""
-    trainer, records = train(model_path, tmp_path, entropy_coef=0.1, use_adaptive_entropy=True,
-                             entropy_target=100.0, entropy_coef_delta=0.02)  # fmt: skip
+    """No bonus until a window's entropy is measured below the target; then the coefficient steps up by
+    delta."""
+    trainer, records = train(
+        model_path,
+        tmp_path,
+        entropy_coef=0.1,
+        use_adaptive_entropy=True,
+        entropy_target=100.0,
+        entropy_coef_delta=0.02,
+    )
     coefs = [0.0, 0.12, 0.14]  # applied: 0 before any measurement, then 0.1 + 0.02 after each window
     for record, coef in zip(records, coefs, strict=True):
-        torch.testing.assert_close(record["loss"], reference_loss(trainer, record, entropy_coef=coef),
-                                   atol=LOSS_ATOL, rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            record["loss"], reference_loss(trainer, record, entropy_coef=coef), atol=LOSS_ATOL, rtol=0
+        )
     assert trainer.entropy_coef == pytest.approx(0.16)
     assert trainer._last_world_entropy == pytest.approx(_mean_entropy(records[-1]).item(), rel=1e-5)
 
@@ -182,8 +200,8 @@ def test_bias_corrected_kl(model_path, tmp_path):
 
 
 def test_vllm_importance_sampling_correction(model_path, tmp_path):
-    """vLLM is not installed here: the sampler's per-token ratio is injected into each batch and the loss is run
-    with the correction switched on, as GRPOTrainer's vLLM path would run it."""
+    """vLLM is not installed here: the sampler's per-token ratio is injected into each batch and the loss is
+    run with the correction switched on, as GRPOTrainer's vLLM path would run it."""
 
     def wrap(trainer):
         original = trainer._compute_loss
@@ -219,12 +237,20 @@ def _logged(trainer, key):
 )
 def test_policy_loss_logged_under_entropy_bonus(model_path, tmp_path, loss_type, adaptive):
     """With an entropy bonus GRPOTrainer logs the loss before the bonus as `policy_loss` (for grpo before the
-    accumulation scaling): so does RGPOTrainer, per step, next to `entropy` and `entropy_coef`; in eval too."""
+    accumulation scaling): so does RGPOTrainer, per step, next to `entropy` and `entropy_coef`; in eval
+    too."""
     options = (
         dict(use_adaptive_entropy=True, entropy_target=100.0, entropy_coef_delta=0.02) if adaptive else {}
     )
-    trainer, records = train(model_path, tmp_path, entropy_coef=0.1, loss_type=loss_type,
-                             gradient_accumulation_steps=2, per_device_eval_batch_size=4, **options)  # fmt: skip
+    trainer, records = train(
+        model_path,
+        tmp_path,
+        entropy_coef=0.1,
+        loss_type=loss_type,
+        gradient_accumulation_steps=2,
+        per_device_eval_batch_size=4,
+        **options,
+    )
     accumulation = 2 if loss_type == "grpo" else 1
     expected = [accumulation * reference_loss(trainer, r, loss_type=loss_type).item() for r in records]
     per_step = [sum(expected[i : i + 2]) / 2 for i in range(0, len(expected), 2)]  # log: mean over the window
@@ -243,7 +269,8 @@ def test_no_policy_loss_without_entropy_bonus(model_path, tmp_path):
 
 @pytest.mark.parametrize("bias_corrected", [False, True])
 def test_kl_logged_as_grpo_trainer(model_path, tmp_path, bias_corrected):
-    """`kl` is the token mean of the k3 KL to the reference the loss uses (times r_old when bias-corrected)."""
+    """`kl` is the token mean of the k3 KL to the reference the loss uses (times r_old when
+    bias-corrected)."""
     trainer, records = train(model_path, tmp_path, use_bias_correction_kl=bias_corrected)
     expected = []
     for record in records:

@@ -78,7 +78,8 @@ def test_performance_profile_spans_every_run_and_its_band_contains_it():
     assert prof.fraction[0] == 1.0 and prof.fraction[-1] == 0.0
     assert np.all(prof.low <= prof.fraction + 1e-12) and np.all(prof.fraction <= prof.high + 1e-12)
     i = int(np.argmin(np.abs(prof.taus - 1.0)))
-    # rliable: the mean over environments of each one's fraction (0 of 3 and 2 of 2 above tau = 1: 0.5, not 2/5)
+    # rliable: the mean over environments of each one's fraction (0 of 3 and 2 of 2 above tau = 1: 0.5, not
+    # 2/5)
     assert prof.fraction[i] == pytest.approx(np.mean([(s > prof.taus[i]).mean() for s in scores])) == 0.5
 
 

@@ -62,8 +62,11 @@ def test_generated_splits_never_share_a_question():
 def test_built_assets_have_disjoint_splits(quick_assets):
     """The quick v3 build: train, validation and test files share no final question; the SFT policy and the
     reward model were trained on train.jsonl only (its rows are the build's training rows)."""
-    files = {"train": quick_assets.train_file, "validation": quick_assets.validation_file,
-             "test": quick_assets.test_file}  # fmt: skip
+    files = {
+        "train": quick_assets.train_file,
+        "validation": quick_assets.validation_file,
+        "test": quick_assets.test_file,
+    }
     rows = {s: [json.loads(line) for line in open(p)] for s, p in files.items()}
     questions = {s: _user_questions(r, last_only=True) for s, r in rows.items()}
     assert all(not common for common in _overlaps(questions).values())
@@ -73,8 +76,8 @@ def test_built_assets_have_disjoint_splits(quick_assets):
 
 
 def test_v2_dialogues_are_unchanged():
-    """World v2 stays reproducible: its generator gives the rows it gave when the v2 results were made (hash taken
-    from the builder at commit f303143, before v3 existed)."""
+    """World v2 stays reproducible: its generator gives the rows it gave when the v2 results were made (hash
+    taken from the builder at commit f303143, before v3 existed)."""
     rows = generate_dialogues(300, 1234) + generate_dialogues(100, 1234 + 7919)
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
     assert digest == "c25cc05dcca960d18d3bc656991ed86ba3ae5f7bf866d4b01c3c75d2ee02f9e6"
@@ -120,11 +123,14 @@ def _repeated_keywords(topic, parts, rng):
 
 
 def test_gold_orders_responses_with_margins():
-    """good > partial > terse ~ padded > wrong-kind answers > keyword salad, shuffled clauses and repeated keywords
-    (mean over every item, margins of at least 0.2 between tiers); v2's gold gives salad the maximum."""
+    """good > partial > terse ~ padded > wrong-kind answers > keyword salad, shuffled clauses and repeated
+    keywords (mean over every item, margins of at least 0.2 between tiers); v2's gold gives salad the
+    maximum."""
     g = {k: _mean_gold(k) for k in RESPONSE_KINDS}
-    hacks = {name: _mean_gold(fn) for name, fn in
-             (("salad", _salad), ("shuffled", _shuffled_clauses), ("repeated", _repeated_keywords))}  # fmt: skip
+    hacks = {
+        name: _mean_gold(fn)
+        for name, fn in (("salad", _salad), ("shuffled", _shuffled_clauses), ("repeated", _repeated_keywords))
+    }
     assert g["good"] > g["partial"] + 0.2
     assert g["partial"] > max(g["terse"], g["padded"]) + 0.2
     assert abs(g["terse"] - g["padded"]) < 0.5
@@ -138,7 +144,8 @@ def test_gold_orders_responses_with_margins():
 
 
 def test_padding_costs_within_the_recipe_completion_length():
-    """A good answer cut at about 24 tokens with one filler sentence scores below the same answer without it."""
+    """A good answer cut at about 24 tokens with one filler sentence scores below the same answer without
+    it."""
     q = [{"role": "user", "content": "How do I boil an egg?"}]
     good = (
         "Sure! Put the egg in boiling water, leave it for about nine minutes, and then cool it in cold water."

@@ -82,8 +82,8 @@ def log_ratios(
 ) -> LogRatios:
     """Clamped log-ratios to pi_old and pi_ref, and the one the gate sees. ``old_logps=None`` means on-policy
     (log r_old = 0 with the gradient of log pi kept, as TRL does when a batch is not reused). With
-    ``sequence_mask`` ``(B, T)`` the gate sees per-sequence ratios exp(masked mean_t log r_t), shape ``(B, 1)``
-    (GSPO's sequence-level importance sampling); the KL terms stay per element."""
+    ``sequence_mask`` ``(B, T)`` the gate sees per-sequence ratios exp(masked mean_t log r_t), shape
+    ``(B, 1)`` (GSPO's sequence-level importance sampling); the KL terms stay per element."""
     check_ratio_mode(ratio_mode)
     if ratio_mode != "old" and ref_logps is None:
         raise ValueError(f"ratio_mode={ratio_mode!r} needs ref_logps (the reference model's log-probs)")

@@ -9,8 +9,8 @@ T = TypeVar("T", bound=type)
 
 
 def registrar(registry: dict[str, T], base: type, what: str) -> Callable[[str], Callable[[T], T]]:
-    """``register(name)``: a class decorator that adds a ``base`` subclass to ``registry`` under ``name`` and sets
-    its ``name``; a name already taken by another class raises."""
+    """``register(name)``: a class decorator that adds a ``base`` subclass to ``registry`` under ``name`` and
+    sets its ``name``; a name already taken by another class raises."""
 
     def register(name: str) -> Callable[[T], T]:
         def decorator(cls: T) -> T:
@@ -20,7 +20,8 @@ def registrar(registry: dict[str, T], base: type, what: str) -> Callable[[str], 
                 )
             if name in registry and registry[name] is not cls:
                 raise ValueError(
-                    f"a {what.replace('_', ' ')} named {name!r} is already registered ({registry[name].__name__})"
+                    f"a {what.replace('_', ' ')} named {name!r} is already registered "
+                    f"({registry[name].__name__})"
                 )
             cls.name = name
             registry[name] = cls

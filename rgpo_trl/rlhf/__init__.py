@@ -1,1 +1,2 @@
-"""The HH-RLHF recipe's pieces: HH data to prompts, the pairwise reward model, hub checks, the methods compared."""
+"""The HH-RLHF recipe's pieces: HH data to prompts, the pairwise reward model, hub checks, the methods
+compared."""

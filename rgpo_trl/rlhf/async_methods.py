@@ -24,7 +24,8 @@ ASYNC_RGPO_METRICS = {
     "kl_coef": "rgpo/kl_coef",
     "rejected_frac": "rgpo/rejected_frac",
     "staleness": "staleness/mean",  # per trained token, at the gradient
-    "staleness_dequeued": "sample/staleness_mean",  # TRL's, when taken from the queue (one micro-batch earlier)
+    # TRL's, when taken from the queue (one micro-batch earlier)
+    "staleness_dequeued": "sample/staleness_mean",
 }
 
 

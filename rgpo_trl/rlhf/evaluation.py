@@ -51,8 +51,9 @@ def evaluate_policy(
 ) -> dict[str, float]:
     """Sample one completion per conversational prompt; return the means of the proxy reward, the gold score
     (if ``gold_fn``) and KL_ref. ``ref_model=None`` with a PEFT ``model`` uses the model with its adapter
-    disabled as the reference (as TRL does). ``per_completion`` adds every completion's scores, in prompt order
-    (``"per_completion": {"reward": [...], "gold": [...]}``), for paired comparisons on the same prompts."""
+    disabled as the reference (as TRL does). ``per_completion`` adds every completion's scores, in prompt
+    order (``"per_completion": {"reward": [...], "gold": [...]}``), for paired comparisons on the same
+    prompts."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -68,8 +69,15 @@ def evaluate_policy(
                 tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in batch
             ]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
-                                 top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=tokenizer.pad_token_id,
+            )
             completion_ids = out[:, enc["input_ids"].shape[1] :]
             # completion mask: tokens up to and including the first end-of-sequence token
             is_eos = completion_ids == tokenizer.eos_token_id
@@ -113,15 +121,15 @@ def evaluate_policy(
 
 
 def _sample_std(values: Sequence[float]) -> float:
-    """Sample standard deviation (ddof 1) over completions: the scale of a score, e.g. to express a shift of the
-    proxy reward and of the gold score in the same units."""
+    """Sample standard deviation (ddof 1) over completions: the scale of a score, e.g. to express a shift of
+    the proxy reward and of the gold score in the same units."""
     return statistics.stdev(values) if len(values) >= 2 else float("nan")
 
 
 def paired_standard_error(initial: dict[str, Any], trained: dict[str, Any], key: str) -> float:
     """Standard error of mean(trained) - mean(initial) on the same prompts: the sample std over prompts of the
-    per-prompt difference of means (the samples of a prompt share it), / sqrt(prompts); from the two evaluations'
-    ``per_completion`` scores (prompt order, ``samples_per_prompt`` each)."""
+    per-prompt difference of means (the samples of a prompt share it), / sqrt(prompts); from the two
+    evaluations' ``per_completion`` scores (prompt order, ``samples_per_prompt`` each)."""
     k = trained.get("samples_per_prompt", 1)
     a, b = initial["per_completion"][key], trained["per_completion"][key]
     if len(a) != len(b) or len(a) % k:
@@ -131,9 +139,10 @@ def paired_standard_error(initial: dict[str, Any], trained: dict[str, Any], key:
 
 
 def comparison_table(initial: dict[str, Any], trained: dict[str, Any], method: str) -> str:
-    """The initial (SFT) policy against the trained one on the same held-out prompts: proxy reward, gold (where the
-    world has one) and KL_ref, then one sentence on what happened. A change counts when it exceeds twice its
-    paired standard error (`paired_standard_error`; both evaluations need ``per_completion`` scores)."""
+    """The initial (SFT) policy against the trained one on the same held-out prompts: proxy reward, gold
+    (where the world has one) and KL_ref, then one sentence on what happened. A change counts when it exceeds
+    twice its paired standard error (`paired_standard_error`; both evaluations need ``per_completion``
+    scores)."""
     keys = [
         ("reward", "proxy reward"),
         *([("gold", "gold")] if "gold" in trained else []),
@@ -158,7 +167,10 @@ def comparison_table(initial: dict[str, Any], trained: dict[str, Any], method: s
             f"gold {d_gold:+.3f} (s.e. {gold_se:.3f}), proxy reward {d_reward:+.3f} (s.e. {reward_se:.3f})"
         )
         if d_gold > 2 * gold_se:
-            verdict = f"Training improved the policy: {change}, at KL_ref {trained['kl_ref']:.3f} from the SFT policy."
+            verdict = (
+                f"Training improved the policy: {change}, at KL_ref {trained['kl_ref']:.3f} "
+                "from the SFT policy."
+            )
         elif d_gold < -2 * gold_se and rose:
             verdict = (
                 f"Over-optimised: {change}: the proxy reward rose while gold fell, the policy exploits the "
@@ -181,10 +193,10 @@ def repeat_prompts(prompts: Sequence[Any], samples_per_prompt: int) -> list[Any]
 
 
 class WindowEvaluation(TrainerCallback):
-    """Trainer callback: the shared evaluation of the policy on a fixed prompt set (e.g. validation prompts held
-    out of the training split) at chosen generation-batch iterations, one JSON row per evaluation in ``path``
-    and, at the end, the mean over the rows in ``summary_path``: the model-selection criterion of a tuning
-    suite, never computed on the test prompts.
+    """Trainer callback: the shared evaluation of the policy on a fixed prompt set (e.g. validation prompts
+    held out of the training split) at chosen generation-batch iterations, one JSON row per evaluation in
+    ``path`` and, at the end, the mean over the rows in ``summary_path``: the model-selection criterion of a
+    tuning suite, never computed on the test prompts.
 
     Resumable: rows written after the checkpoint a run resumes from are dropped and evaluated again. Each
     evaluation seeds its own sampling (``seed`` + iteration) and restores torch's RNG state, so training is

@@ -217,8 +217,8 @@ def load_hh_raw(
     data_dir: str | None = HH_HELPFUL_DATA_DIR,
     max_rows: int | None = None,
 ):
-    """Load raw HH rows from a hub id, a local dataset directory, or a local json/jsonl file; ``max_rows`` keeps
-    the first rows only."""
+    """Load raw HH rows from a hub id, a local dataset directory, or a local json/jsonl file; ``max_rows``
+    keeps the first rows only."""
     from datasets import load_dataset
 
     from rgpo_trl.rlhf.hub_access import ensure_loadable

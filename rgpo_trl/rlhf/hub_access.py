@@ -105,9 +105,9 @@ def _message(name: str, kind: Kind, why: str) -> str:
         else "a dataset directory or a .jsonl file"
     )
     return (
-        f"Cannot load {kind} {name!r} from the Hugging Face Hub: {why}. "
-        f"Pass a local path instead ({what}), or use `--config recipes/configs/hh_rlhf_tiny.yaml` to run on the embedded offline "
-        "tiny-HH assets (built by `python -m rgpo_trl.tiny_hh`)."
+        f"Cannot load {kind} {name!r} from the Hugging Face Hub: {why}. Pass a local path instead ({what}), "
+        "or use `--config recipes/configs/hh_rlhf_tiny.yaml` to run on the embedded offline tiny-HH assets "
+        "(built by `python -m rgpo_trl.tiny_hh`)."
     )
 
 

@@ -160,8 +160,8 @@ def _log(msg: str, verbose: bool) -> None:
 
 
 def _train_policy(tok, train_rows, s: BuildSettings, seed: int, log):
-    """SFT with a hand-written loop rather than TRL's SFTTrainer: on these assets SFTTrainer is several times slower
-    (benchmarks/results/tiny_sft.md), which would make the demo's asset build minutes longer."""
+    """SFT with a hand-written loop rather than TRL's SFTTrainer: on these assets SFTTrainer is several times
+    slower (benchmarks/results/tiny_sft.md), which would make the demo's asset build minutes longer."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -389,8 +389,8 @@ def _eval_policy(policy_dir: Path, test_rows, n: int, seed: int, gold=gold_score
 
 
 def _calibration(rm_dir: Path, test_rows, gold) -> dict[str, Any]:
-    """World v3's calibration table: a scripted ideal answer's gold, keyword salad's gold, and the proxy reward
-    model's scores for both on the test prompts (does the proxy prefer salad?)."""
+    """World v3's calibration table: a scripted ideal answer's gold, keyword salad's gold, and the proxy
+    reward model's scores for both on the test prompts (does the proxy prefer salad?)."""
     from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
     from rgpo_trl.rlhf.rewards import PairwiseRewardModel
 
@@ -469,8 +469,8 @@ def build_tiny_assets(
         write_jsonl(train_rows, tmp_assets.train_file)
         write_jsonl(test_rows, tmp_assets.test_file)
         log(
-            f"dialogues: {len(train_rows)} train / {len(validation_rows)} validation / {len(test_rows)} test rows "
-            f"({time.time() - t_start:.1f}s)"
+            f"dialogues: {len(train_rows)} train / {len(validation_rows)} validation / {len(test_rows)} test "
+            f"rows ({time.time() - t_start:.1f}s)"
         )
 
         texts = [r[k] for r in train_rows for k in ("chosen", "rejected")]
@@ -503,8 +503,8 @@ def build_tiny_assets(
         pol_eval = _eval_policy(tmp_assets.policy_dir, test_rows, s.n_policy_samples, seed, gold)
         calibration = {} if version == 2 else _calibration(tmp_assets.reward_model_dir, test_rows, gold)
         log(
-            f"RM held-out pairwise accuracy {rm_eval['rm_heldout_pairwise_accuracy']:.3f}; policy sample gold "
-            f"mean {pol_eval['policy_sample_gold_mean']:.2f} ({time.time() - t0:.1f}s)"
+            f"RM held-out pairwise accuracy {rm_eval['rm_heldout_pairwise_accuracy']:.3f}; policy sample "
+            f"gold mean {pol_eval['policy_sample_gold_mean']:.2f} ({time.time() - t0:.1f}s)"
         )
         info = {
             "builder_version": version,

@@ -111,9 +111,9 @@ def generate_dialogues(
     split: str | None = None,
     gold: Callable[[Any, Any], float] = gold_score,
 ) -> list[dict[str, Any]]:
-    """``n`` HH-format preference rows from ``seed`` (deterministic), ordered by ``gold``. ``split`` (world v3:
-    train, validation or test) draws every question from that split's combinations (`splits`); None draws from
-    the whole bank (world v2)."""
+    """``n`` HH-format preference rows from ``seed`` (deterministic), ordered by ``gold``. ``split`` (world
+    v3: train, validation or test) draws every question from that split's combinations (`splits`); None draws
+    from the whole bank (world v2)."""
     from rgpo_trl.rlhf.hh_data import render_hh_text
 
     from .splits import make_prompt_in_split

@@ -5,11 +5,11 @@ grammar could produce, so keyword salad, shuffled clauses and repeated keywords 
            - 0.5 fillers - 2.0 (1 - wf) - length_penalty
 
 ``wf`` (well-formedness) is the share of the response's token bigrams (words and . , ! ?) that the response
-generator can emit; ``fillers`` counts the distinct padding sentences present (one costs 0.5, so padding loses at
-the recipe's 24-token completions too, before any sentence repeats); ``answers``, ``on_topic``, ``polite``, ``rude``,
-``repetition`` and ``length_penalty`` are v2's (`world.gold_components`). On the generator's response kinds: a
-fluent complete polite answer 3.75, partial ones 2.75-3.25, terse or padded ones about 2.5, wrong-item, off-topic,
-evasive and rude ones at most about 2, keyword salad below 0 (the tests pin the order).
+generator can emit; ``fillers`` counts the distinct padding sentences present (one costs 0.5, so padding loses
+at the recipe's 24-token completions too, before any sentence repeats); ``answers``, ``on_topic``, ``polite``,
+``rude``, ``repetition`` and ``length_penalty`` are v2's (`world.gold_components`). On the generator's
+response kinds: a fluent complete polite answer 3.75, partial ones 2.75-3.25, terse or padded ones about 2.5,
+wrong-item, off-topic, evasive and rude ones at most about 2, keyword salad below 0 (the tests pin the order).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def tokens(text: str) -> list[str]:
 @cache
 def grammar_bigrams() -> frozenset[tuple[str, str]]:
     """Every token bigram the response generator (`dialogues.make_response`) can emit: the bigrams inside its
-    phrases (openers, clauses, closers, fillers, evasions) and at the joints it makes (opener -> clause or evasion,
-    clause -> ", " / " and " / ", and " -> clause, "." -> closer or filler). A test checks that fresh samples of
-    every response kind are covered."""
+    phrases (openers, clauses, closers, fillers, evasions) and at the joints it makes (opener -> clause or
+    evasion, clause -> ", " / " and " / ", and " -> clause, "." -> closer or filler). A test checks that fresh
+    samples of every response kind are covered."""
     from .dialogues import _items
 
     openers = [*_POLITE_OPENERS, *_RUDE_OPENERS]

@@ -3,10 +3,10 @@
 A question is an item of the content bank asked in a *form* (a question or follow-up template). Test and
 validation each own two whole forms (a question form and a follow-up form that training never uses) and a
 share of the remaining item x form combinations, drawn once from a fixed seed; training gets the rest. Every
-question of a dialogue, earlier turns included, comes from the dialogue's own split (the three greetings, which ask
-nothing, are shared), so a test question occurs nowhere
-in what the SFT policy, the reward model or the RL run were trained on: they are the "pretrained" knowledge of the
-bank's items and answers, learnt from training questions only.
+question of a dialogue, earlier turns included, comes from the dialogue's own split (the three greetings,
+which ask nothing, are shared), so a test question occurs nowhere
+in what the SFT policy, the reward model or the RL run were trained on: they are the "pretrained" knowledge of
+the bank's items and answers, learnt from training questions only.
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def _question(subject: str, kind: str, i: int) -> str:
 
 
 def make_prompt_in_split(rng: random.Random, split: str) -> tuple[list[dict[str, str]], str, list]:
-    """A (possibly multi-turn) prompt whose every question is one of ``split``'s combinations, in the shapes of
-    v2's ``make_prompt`` (greeting, earlier exchanges with good answers, a follow-up); returns (messages, topic,
-    parts of the final question)."""
+    """A (possibly multi-turn) prompt whose every question is one of ``split``'s combinations, in the shapes
+    of v2's ``make_prompt`` (greeting, earlier exchanges with good answers, a follow-up); returns (messages,
+    topic, parts of the final question)."""
     from .dialogues import make_response
 
     if split not in SPLITS:

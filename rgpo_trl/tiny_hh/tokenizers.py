@@ -1,4 +1,5 @@
-"""A byte-level BPE trained on the dialogues: a Qwen-style chat tokenizer for the policy, a DeBERTa-style one for the reward model."""
+"""A byte-level BPE trained on the dialogues: a Qwen-style chat tokenizer for the policy, a DeBERTa-style one
+for the reward model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 POLICY_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 RM_SPECIAL = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 
 

@@ -1,4 +1,5 @@
-"""The TRL layer: `RGPOConfig` (a `trl.GRPOConfig`) and `RGPOTrainer` (a `trl.GRPOTrainer` whose loss is the core's)."""
+"""The TRL layer: `RGPOConfig` (a `trl.GRPOConfig`) and `RGPOTrainer` (a `trl.GRPOTrainer` whose loss is the
+core's)."""
 
 import trl
 

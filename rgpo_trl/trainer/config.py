@@ -10,11 +10,11 @@ needed for the ``ref`` / ``dual`` ratio modes) and ``num_iterations`` defaults t
 batch is reused and the ratio to pi_old is not identically 1.
 
 GRPO options orthogonal to the surrogate work as in GRPOTrainer: the ``loss_type`` aggregations ``grpo``,
-``bnpo``, ``dr_grpo`` and ``dapo``, the entropy bonus (static and adaptive), the top-entropy-quantile token mask,
-the off-policy sequence mask, the bias-corrected KL to the reference and the vLLM importance-sampling
-correction (README: table of GRPO options). Options that would replace the gate (``cispo``, ``sapo``, ``vespo``,
-``luspo``, two-sided ``delta`` clipping, GRPO's clipping range ``epsilon``) or that only such a loss reads are
-refused at construction with a ``ValueError`` naming the field, rather than silently ignored.
+``bnpo``, ``dr_grpo`` and ``dapo``, the entropy bonus (static and adaptive), the top-entropy-quantile token
+mask, the off-policy sequence mask, the bias-corrected KL to the reference and the vLLM importance-sampling
+correction (README: table of GRPO options). Options that would replace the gate (``cispo``, ``sapo``,
+``vespo``, ``luspo``, two-sided ``delta`` clipping, GRPO's clipping range ``epsilon``) or that only such a
+loss reads are refused at construction with a ``ValueError`` naming the field, rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ GATE_REPLACING = ("cispo", "sapo", "vespo", "luspo")
 # GRPOConfig fields that RGPO refuses when set away from their default, and why.
 REFUSED_IF_SET = {
     "delta": "two-sided clipping is a PPO/GRPO mechanism; RGPO gates instead (see `gate`)",
-    "epsilon": "GRPO's clipping range is not used by the RGPO loss, which gates instead (see `gate`, `gate_params`)",
+    "epsilon": "GRPO's clipping range is not used by the RGPO loss, which gates instead "
+    "(see `gate`, `gate_params`)",
     "epsilon_high": "GRPO's upper clipping range is not used by the RGPO loss, which gates instead",
     "sapo_temperature_pos": "only loss_type='sapo' reads it, a surrogate RGPO replaces",
     "sapo_temperature_neg": "only loss_type='sapo' reads it, a surrogate RGPO replaces",
@@ -54,20 +55,22 @@ REFUSED_IF_SET = {
 
 
 def refuse_changed_grpo_fields(config: GRPOConfig, reasons: dict[str, str], trainer: str) -> None:
-    """Raise for the first field of ``reasons`` set away from its `GRPOConfig` default (an ``epsilon_high`` equal to
-    ``epsilon`` is GRPOConfig's own default, not a change)."""
+    """Raise for the first field of ``reasons`` set away from its `GRPOConfig` default (an ``epsilon_high``
+    equal to ``epsilon`` is GRPOConfig's own default, not a change)."""
     defaults = {f.name: f.default for f in fields(GRPOConfig) if f.name in reasons}
     for name, why in reasons.items():
         value = getattr(config, name)
         if value != defaults[name] and not (name == "epsilon_high" and value == config.epsilon):
             raise ValueError(
-                f"{name}={value!r} is not supported by {trainer}: {why}. Leave it at its default ({defaults[name]!r})."
+                f"{name}={value!r} is not supported by {trainer}: {why}. Leave it at its default "
+                f"({defaults[name]!r})."
             )
 
 
 class RGPOLossSettings:
-    """The settings every RGPO trainer reads the same way (mixed into `RGPOConfig` and `AsyncRGPOConfig`): the gate,
-    the ratio mode, the KL-to-old controller and ``beta``, validated by name and range at construction."""
+    """The settings every RGPO trainer reads the same way (mixed into `RGPOConfig` and `AsyncRGPOConfig`): the
+    gate, the ratio mode, the KL-to-old controller and ``beta``, validated by name and range at
+    construction."""
 
     def _validate_gate_and_kl(self) -> None:
         if isinstance(self.gate_params, str):
@@ -133,7 +136,8 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
         gate_params (`dict` or JSON `str`, defaults to `{}`): the gate's parameters, e.g. `{"k": 5.0}`; each
             gate declares its parameters, defaults and allowed ranges.
         ratio_mode (`str`, defaults to `"dual"`): which ratio is gated: `old`, `ref` or `dual`.
-        kl_controller (`str`, defaults to `"adaptive"`): rule for the KL-to-old coefficient (`adaptive`, `fixed`).
+        kl_controller (`str`, defaults to `"adaptive"`): rule for the KL-to-old coefficient (`adaptive`,
+            `fixed`).
         kl_coef (`float`, defaults to `0.5`): initial KL-to-old coefficient (beta_0 of the paper).
         kl_target (`float`, defaults to `0.02`): target KL-to-old per iteration (Delta of the paper).
         kl_coef_min (`float`, defaults to `0.01`), kl_coef_max (`float`, defaults to `5.0`): bounds.
@@ -148,16 +152,17 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
     gate: str = field(
         default="sigmoid",
         metadata={
-            "help": "Acceptance gate g(r) applied to the importance ratio (paper Sec. 4.4): any gate registered "
-            "with rgpo_trl.register_gate. Built in, with their parameters (set them in `gate_params`): "
-            f"{describe_gates()}. 'is' (g(r) = r) and 'ppo_clip' are reference correspondences, not gates."
+            "help": "Acceptance gate g(r) applied to the importance ratio (paper Sec. 4.4): any gate "
+            "registered with rgpo_trl.register_gate. Built in, with their parameters (set them in "
+            f"`gate_params`): {describe_gates()}. 'is' (g(r) = r) and 'ppo_clip' are reference "
+            "correspondences, not gates."
         },
     )
     gate_params: dict[str, Any] | str | None = field(
         default=None,
         metadata={
-            "help": "Parameters of the gate as a dict or JSON string, e.g. '{\"k\": 10}' for the sigmoid's k. "
-            "Missing parameters take the gate's declared default; unknown names and values outside the "
+            "help": "Parameters of the gate as a dict or JSON string, e.g. '{\"k\": 10}' for the sigmoid's "
+            "k. Missing parameters take the gate's declared default; unknown names and values outside the "
             "declared range are refused."
         },
     )
@@ -166,7 +171,8 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
         metadata={
             "help": "Which importance ratio the gate sees: 'old' = pi/pi_old (trust region to the behaviour "
             "policy), 'ref' = pi/pi_ref (anchor to the frozen reference), 'dual' (paper's RLHF default) = "
-            "max(pi/pi_old, pi/pi_ref) per token. 'ref' and 'dual' need the reference model, i.e. `beta` > 0.",
+            "max(pi/pi_old, pi/pi_ref) per token. 'ref' and 'dual' need the reference model, i.e. "
+            "`beta` > 0.",
             "choices": list(RATIO_MODES),
         },
     )
@@ -174,17 +180,18 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
     kl_coef: float = field(
         default=0.5,
         metadata={
-            "help": "Initial coefficient of the KL-to-old penalty kl_coef * mean(r_old - 1 - log r_old) (paper: "
-            "beta_0 = 0.5). Must lie in [kl_coef_min, kl_coef_max]."
+            "help": "Initial coefficient of the KL-to-old penalty kl_coef * mean(r_old - 1 - log r_old) "
+            "(paper: beta_0 = 0.5). Must lie in [kl_coef_min, kl_coef_max]."
         },
     )
     kl_target: float = field(
         default=0.02,
         metadata={
-            "help": "Target KL-to-old Delta of the adaptive rule (paper Eq. beta_update, default 0.02): once per "
-            "iteration (one generation batch and all its `num_iterations` reuses), from the token-weighted mean "
-            "of r_old - 1 - log r_old over the iteration and all processes, the coefficient doubles if that mean "
-            ">= 1.5 * kl_target and halves if it is <= kl_target / 1.5, within [kl_coef_min, kl_coef_max]."
+            "help": "Target KL-to-old Delta of the adaptive rule (paper Eq. beta_update, default 0.02): once "
+            "per iteration (one generation batch and all its `num_iterations` reuses), from the "
+            "token-weighted mean of r_old - 1 - log r_old over the iteration and all processes, the "
+            "coefficient doubles if that mean >= 1.5 * kl_target and halves if it is <= kl_target / 1.5, "
+            "within [kl_coef_min, kl_coef_max]."
         },
     )
     kl_coef_min: float = field(
@@ -196,44 +203,47 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
     kl_controller: str = field(
         default="adaptive",
         metadata={
-            "help": "Rule for the KL-to-old coefficient, once per iteration: 'adaptive' (paper Eq. beta_update, "
-            "see kl_target) or 'fixed' (stays at kl_coef); more with rgpo_trl.register_kl_controller.",
+            "help": "Rule for the KL-to-old coefficient, once per iteration: 'adaptive' (paper Eq. "
+            "beta_update, see kl_target) or 'fixed' (stays at kl_coef); more with "
+            "rgpo_trl.register_kl_controller.",
         },
     )
     # ---- inherited fields with RGPO defaults / meaning ----
     beta: float = field(
         default=0.05,
         metadata={
-            "help": "Fixed coefficient beta_ref of the KL-to-reference penalty (TRL's k3 estimator, as in GRPO). "
-            "Paper (RLHF): 0.05. When > 0, GRPOTrainer loads the reference model (or disables the LoRA adapter "
-            "for PEFT models), which the 'ref' and 'dual' ratio modes need; 0 is only allowed with "
-            "ratio_mode='old'."
+            "help": "Fixed coefficient beta_ref of the KL-to-reference penalty (TRL's k3 estimator, as in "
+            "GRPO). Paper (RLHF): 0.05. When > 0, GRPOTrainer loads the reference model (or disables the "
+            "LoRA adapter for PEFT models), which the 'ref' and 'dual' ratio modes need; 0 is only allowed "
+            "with ratio_mode='old'."
         },
     )
     num_iterations: int = field(
         default=2,
         metadata={
-            "help": "Number of optimisation passes over each generation batch (mu). RGPO defaults to 2: with 1 "
-            "(and steps_per_generation == gradient_accumulation_steps) every update is on-policy, pi_old == pi, "
-            "r_old == 1 and the gate and KL-to-old penalty are inert."
+            "help": "Number of optimisation passes over each generation batch (mu). RGPO defaults to 2: with "
+            "1 (and steps_per_generation == gradient_accumulation_steps) every update is on-policy, pi_old "
+            "== pi, r_old == 1 and the gate and KL-to-old penalty are inert."
         },
     )
     use_bias_correction_kl: bool = field(
         default=False,
         metadata={
-            "help": "Multiply the k3 KL-to-reference term by the importance ratio to pi_old, as GRPOTrainer's "
-            "option does. RGPO defaults to False (GRPOConfig: True): the paper's Eq. rgpo_rlhf uses the plain k3."
+            "help": "Multiply the k3 KL-to-reference term by the importance ratio to pi_old, as "
+            "GRPOTrainer's option does. RGPO defaults to False (GRPOConfig: True): the paper's Eq. rgpo_rlhf "
+            "uses the plain k3."
         },
     )
     loss_type: str = field(
         default="dapo",
         metadata={
-            "help": "Aggregation of the per-token RGPO loss, as GRPOTrainer aggregates its own: 'dapo' (default) "
-            "sums over the completion tokens of the whole accumulated batch on all processes and divides by their "
-            "number, the paper's mini-batch mean, without length bias and exact under gradient accumulation "
-            "(2 x batch b = 1 x batch 2b); 'grpo' averages each sequence, then the sequences; 'bnpo' averages the "
-            "micro-batch's tokens; 'dr_grpo' divides the sum by sequences x max_completion_length. The surrogate "
-            "loss types 'cispo', 'sapo', 'vespo' and 'luspo' replace the gate and are refused.",
+            "help": "Aggregation of the per-token RGPO loss, as GRPOTrainer aggregates its own: 'dapo' "
+            "(default) sums over the completion tokens of the whole accumulated batch on all processes and "
+            "divides by their number, the paper's mini-batch mean, without length bias and exact under "
+            "gradient accumulation (2 x batch b = 1 x batch 2b); 'grpo' averages each sequence, then the "
+            "sequences; 'bnpo' averages the micro-batch's tokens; 'dr_grpo' divides the sum by sequences x "
+            "max_completion_length. The surrogate loss types 'cispo', 'sapo', 'vespo' and 'luspo' replace "
+            "the gate and are refused.",
             "choices": ["dapo", "grpo", "bnpo", "dr_grpo"],
         },
     )
@@ -246,8 +256,9 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
         self._validate_gate_and_kl()
         if self.ratio_mode in ("ref", "dual") and self.beta == 0:
             raise ValueError(
-                f"beta must be > 0 with ratio_mode={self.ratio_mode!r}: GRPOTrainer only builds the reference "
-                "model (and its log-probs) when beta != 0. Set beta > 0 (paper: 0.05) or ratio_mode='old'."
+                f"beta must be > 0 with ratio_mode={self.ratio_mode!r}: GRPOTrainer only builds the "
+                "reference model (and its log-probs) when beta != 0. Set beta > 0 (paper: 0.05) or "
+                "ratio_mode='old'."
             )
         if (
             isinstance(self.num_iterations, bool)
@@ -262,20 +273,22 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
                 else "unknown"
             )
             raise ValueError(
-                f"loss_type={self.loss_type!r} is not supported by RGPOTrainer ({why}); RGPO's loss_type chooses "
-                f"how its per-token loss is aggregated: one of {list(AGGREGATIONS)}."
+                f"loss_type={self.loss_type!r} is not supported by RGPOTrainer ({why}); RGPO's loss_type "
+                f"chooses how its per-token loss is aggregated: one of {list(AGGREGATIONS)}."
             )
         if self.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(
                 "importance_sampling_level must be 'token' or 'sequence', got "
                 f"{self.importance_sampling_level!r}"
             )
-        # GRPO options that would change or replace the gate, or that only such a loss reads: refused, never ignored.
+        # GRPO options that would change or replace the gate, or that only such a loss reads: refused, never
+        # ignored.
         refuse_changed_grpo_fields(self, REFUSED_IF_SET, "RGPOTrainer")
 
 
 def micro_batches_per_iteration(args: GRPOConfig) -> int:
-    """Training micro-batches of one RL iteration (one generation batch and all its reuse), for any GRPOConfig."""
+    """Training micro-batches of one RL iteration (one generation batch and all its reuse), for any
+    GRPOConfig."""
     return args.steps_per_generation * args.num_iterations
 
 

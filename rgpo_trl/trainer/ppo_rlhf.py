@@ -1,5 +1,5 @@
-"""`PPORLHFTrainer`: PPO-RLHF with a value model (Ouyang et al. 2022), the paper's main RLHF baseline, on TRL's
-`GRPOTrainer` (TRL 1.x no longer ships a PPOTrainer).
+"""`PPORLHFTrainer`: PPO-RLHF with a value model (Ouyang et al. 2022), the paper's main RLHF baseline, on
+TRL's `GRPOTrainer` (TRL 1.x no longer ships a PPOTrainer).
 
 GRPOTrainer already generates, scores with the reward functions, computes the behaviour policy's and the
 reference model's per-token log-probs, reuses each generation batch ``num_iterations`` times and handles
@@ -13,11 +13,12 @@ DDP / DeepSpeed / PEFT. This subclass replaces what PPO-RLHF does differently:
 
 The value model is a copy of the policy backbone with a zero-initialised scalar head
 (``AutoModelForTokenClassification(num_labels=1)`` from the policy's checkpoint), not the reward model: in the
-paper's setting the reward model (DeBERTa) has another tokenizer than the policy (Qwen), and a value model must
-read the policy's tokens. It is attached to the policy as the submodule ``value_model``, so that the Trainer's
-optimizer, gradient accumulation, DDP, DeepSpeed and checkpoints (and ``resume_from_checkpoint``) treat it
-with the policy; saved models therefore carry ``value_model.*`` weights next to the policy's (``from_pretrained``
-of the causal LM skips them), and `PPORLHFTrainer.save_value_model` writes the value model on its own.
+paper's setting the reward model (DeBERTa) has another tokenizer than the policy (Qwen), and a value model
+must read the policy's tokens. It is attached to the policy as the submodule ``value_model``, so that the
+Trainer's optimizer, gradient accumulation, DDP, DeepSpeed and checkpoints (and ``resume_from_checkpoint``)
+treat it with the policy; saved models therefore carry ``value_model.*`` weights next to the policy's
+(``from_pretrained`` of the causal LM skips them), and `PPORLHFTrainer.save_value_model` writes the value
+model on its own.
 """
 
 from __future__ import annotations
@@ -34,22 +35,35 @@ from ..core import masked_mean
 from ..core.ppo_rlhf import clipped_surrogate, clipped_value_loss, gae, masked_whiten, shaped_rewards
 from .config import refuse_changed_grpo_fields
 
-# GRPOConfig fields PPO-RLHF does not read (its advantages come from GAE, its loss is PPO's): refused when set.
+# GRPOConfig fields PPO-RLHF does not read (its advantages come from GAE, its loss is PPO's): refused when
+# set.
 _WHY = "its advantages come from GAE with a value model and its loss is PPO's clipped surrogate"
 _PPO_REFUSED = {
     name: _WHY
-    for name in ("loss_type", "scale_rewards", "multi_objective_aggregation", "importance_sampling_level", "delta",
-                 "entropy_coef", "use_adaptive_entropy", "top_entropy_quantile", "off_policy_mask_threshold")
-}  # fmt: skip
+    for name in (
+        "loss_type",
+        "scale_rewards",
+        "multi_objective_aggregation",
+        "importance_sampling_level",
+        "delta",
+        "entropy_coef",
+        "use_adaptive_entropy",
+        "top_entropy_quantile",
+        "off_policy_mask_threshold",
+    )
+}
+
+# what _compute_loss logs, in the order of its sums
+_LOGGED = ("ppo/policy_loss", "ppo/value_loss", "ppo/clipfrac", "ppo/vf_clipfrac", "ppo/approx_kl", "entropy")
 
 
 @dataclass
 class PPORLHFConfig(GRPOConfig):
     r"""Configuration of [`PPORLHFTrainer`]: `trl.GRPOConfig` plus the value model and GAE settings.
 
-    ``beta`` is the coefficient of the KL penalty folded into the per-token reward (paper: beta_ref = 0.05), not
-    a loss term; ``epsilon`` is PPO's clip range; ``num_iterations`` (default 2) the PPO epochs over each batch.
-    GRPO settings that only GRPO's advantages or loss read are refused.
+    ``beta`` is the coefficient of the KL penalty folded into the per-token reward (paper: beta_ref = 0.05),
+    not a loss term; ``epsilon`` is PPO's clip range; ``num_iterations`` (default 2) the PPO epochs over each
+    batch. GRPO settings that only GRPO's advantages or loss read are refused.
     """
 
     vf_coef: float = field(default=0.1, metadata={"help": "Coefficient of the clipped value loss (> 0)."})
@@ -64,7 +78,8 @@ class PPORLHFConfig(GRPOConfig):
     beta: float = field(
         default=0.05,
         metadata={
-            "help": "KL coefficient in the per-token reward -beta (log pi_old - log pi_ref); > 0 (paper: 0.05)."
+            "help": "KL coefficient in the per-token reward -beta (log pi_old - log pi_ref); "
+            "> 0 (paper: 0.05)."
         },
     )
     num_iterations: int = field(default=2, metadata={"help": "PPO epochs over each generation batch."})
@@ -96,10 +111,10 @@ class PPORLHFConfig(GRPOConfig):
 class PPORLHFTrainer(GRPOTrainer):
     """PPO-RLHF with a value model on GRPOTrainer's generation and scoring (see the module docstring).
 
-    Same constructor as `trl.GRPOTrainer` plus ``value_model`` (default: a copy of the policy backbone with a scalar
-    head). Metrics: ``ppo/score`` (reward-model score), ``ppo/kl_shaped`` (mean per-token KL in the reward),
-    ``ppo/value_mean``, ``ppo/returns_mean``, ``ppo/policy_loss``, ``ppo/value_loss``, ``ppo/clipfrac``,
-    ``ppo/vf_clipfrac``, ``ppo/approx_kl`` (to pi_old), next to TRL's.
+    Same constructor as `trl.GRPOTrainer` plus ``value_model`` (default: a copy of the policy backbone with a
+    scalar head). Metrics: ``ppo/score`` (reward-model score), ``ppo/kl_shaped`` (mean per-token KL in the
+    reward), ``ppo/value_mean``, ``ppo/returns_mean``, ``ppo/policy_loss``, ``ppo/value_loss``,
+    ``ppo/clipfrac``, ``ppo/vf_clipfrac``, ``ppo/approx_kl`` (to pi_old), next to TRL's.
     """
 
     _tag_names = ["trl", "ppo", "rgpo-trl"]
@@ -142,7 +157,8 @@ class PPORLHFTrainer(GRPOTrainer):
         ) in value_model.modules():  # no dropout in the value model (e.g. the classifier's 0.1): values and
             if isinstance(m, torch.nn.Dropout):  # returns must not be noisier than the policy's scoring
                 m.p = 0.0
-        # attached to the policy: one optimizer, DDP / DeepSpeed and checkpoints handle both (module docstring)
+        # attached to the policy: one optimizer, DDP / DeepSpeed and checkpoints handle both (module
+        # docstring)
         self.model.add_module("value_model", value_model.to(self.accelerator.device))
         self._last_scores: torch.Tensor | None = None
 
@@ -223,11 +239,10 @@ class PPORLHFTrainer(GRPOTrainer):
 
         with torch.no_grad():
             log_r = logps.detach() - inputs["old_per_token_logps"]
-            stats = torch.stack([(x * mask).sum() for x in (pg.detach(), vf.detach(), clipped, vf_clipped,
-                                                            torch.expm1(log_r) - log_r, entropies)] + [mask.sum()])  # fmt: skip
+            terms = (pg.detach(), vf.detach(), clipped, vf_clipped, torch.expm1(log_r) - log_r, entropies)
+            stats = torch.stack([(x * mask).sum() for x in terms] + [mask.sum()])
             totals = self.accelerator.reduce(stats, reduction="sum")
             means = (totals[:-1] / totals[-1].clamp(min=1.0)).tolist()
-        for key, value in zip(("ppo/policy_loss", "ppo/value_loss", "ppo/clipfrac", "ppo/vf_clipfrac",
-                               "ppo/approx_kl", "entropy"), means, strict=True):  # fmt: skip
+        for key, value in zip(_LOGGED, means, strict=True):
             self._metrics[mode][key].append(value)
         return loss

@@ -221,7 +221,8 @@ class RGPOTrainer(GRPOTrainer):
                     log_r if sequence_mask is None else masked_mean(log_r, mask, -1)[:, None]
                 )
             per_token_loss = per_token_loss + self.beta * kl_ref
-            # GRPOTrainer's `kl`: the k3 KL to the reference as in the loss (bias-corrected when that option is on)
+            # GRPOTrainer's `kl`: the k3 KL to the reference as in the loss (bias-corrected when that option
+            # is on)
             self._metrics[mode]["kl"].append(self._global_masked_mean(kl_ref.detach(), mask))
         loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
 
@@ -252,9 +253,9 @@ class RGPOTrainer(GRPOTrainer):
         return loss
 
     def _aggregate(self, per_token_loss, mask, inputs, mode) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type``. Returns the loss
-        and, detached, what GRPOTrainer records as ``policy_loss`` for that ``loss_type`` (for grpo / bnpo /
-        dr_grpo the value before the gradient-accumulation scaling, for dapo the loss itself)."""
+        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type``. Returns the
+        loss and, detached, what GRPOTrainer records as ``policy_loss`` for that ``loss_type`` (for grpo /
+        bnpo / dr_grpo the value before the gradient-accumulation scaling, for dapo the loss itself)."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if self.loss_type in ("grpo", "bnpo", "dr_grpo"):
             if self.loss_type == "grpo":  # mean over each sequence's tokens, then over sequences
@@ -264,9 +265,9 @@ class RGPOTrainer(GRPOTrainer):
             else:  # dr_grpo: sum / (sequences x max_completion_length)
                 loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
             return loss / accumulation, loss.detach()
-        # "dapo": sum over the completion tokens of the whole accumulated batch on all processes / their number.
-        # `num_items_in_batch` spans the generation batch: rescaled to one optimizer step and divided by the
-        # number of processes because DDP averages gradients.
+        # "dapo": sum over the completion tokens of the whole accumulated batch on all processes / their
+        # number. `num_items_in_batch` spans the generation batch: rescaled to one optimizer step and divided
+        # by the number of processes because DDP averages gradients.
         normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
         if mode == "train":
             normalizer = (
@@ -276,8 +277,9 @@ class RGPOTrainer(GRPOTrainer):
         return loss, loss.detach()
 
     def _entropy_bonus(self, entropies, effective_mask, mode) -> torch.Tensor:
-        """GRPOTrainer's entropy bonus ``coef * H`` (H: mean entropy of the tokens the policy term acts on), static
-        or adaptive, with its controller updated at optimizer-step boundaries from the window-global entropy."""
+        """GRPOTrainer's entropy bonus ``coef * H`` (H: mean entropy of the tokens the policy term acts on),
+        static or adaptive, with its controller updated at optimizer-step boundaries from the window-global
+        entropy."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         entropy = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
         if self.use_adaptive_entropy:

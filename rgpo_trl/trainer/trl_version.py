@@ -13,14 +13,15 @@ TESTED_TRL = (Version("1.16"), Version("1.17"))  # [low, high): the releases the
 
 
 def check_trl_version(installed: str) -> bool:
-    """True when ``installed`` is in the tested range; otherwise warn, naming the range (called once, at import)."""
+    """True when ``installed`` is in the tested range; otherwise warn, naming the range (called once, at
+    import)."""
     low, high = TESTED_TRL
     if low <= Version(Version(installed).base_version) < high:  # a pre-release counts as its release
         return True
     warnings.warn(
-        f"rgpo-trl's trainers are tested with trl>={low},<{high}; trl {installed} is installed. They override "
-        "private GRPOTrainer methods, which may have changed: run the test suite (`make test`) before relying "
-        "on results.",
+        f"rgpo-trl's trainers are tested with trl>={low},<{high}; trl {installed} is installed. They "
+        "override private GRPOTrainer methods, which may have changed: run the test suite (`make test`) "
+        "before relying on results.",
         UserWarning,
         stacklevel=3,
     )
