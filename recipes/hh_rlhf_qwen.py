@@ -20,13 +20,13 @@ Presets are YAML files in ``recipes/configs/`` passed with ``--config``, as for 
 * ``hh_rlhf_tiny_paper.yaml``: the paper's protocol (400 iterations) in the tiny world.
 
 ``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo,
-cispo, dpo, sft); it applies its loss settings over the preset. Precedence: field defaults < method < YAML < command line.
-Any RGPOConfig / GRPOConfig / ModelConfig field can be set. The default output directory is
+cispo, dpo, sft); it applies its loss settings over the preset. Precedence: field defaults < method < YAML <
+command line. Any RGPOConfig / GRPOConfig / ModelConfig field can be set. The default output directory is
 ``runs/hh_rlhf_qwen/<preset>-<method>``. Per-iteration metrics go to ``<output_dir>/metrics.jsonl`` (and
-``metrics.csv``), the window averages the paper reports to ``summary.json``. The console shows a progress bar and
-a compact table every ``table_every`` iterations; ``--log_level info`` prints TRL's per-step metric dicts too.
-It ends like TRL's ``grpo.py``: the model and its card (``README.md``, tagged ``rgpo``) in ``output_dir``, and
-with ``--push_to_hub`` both pushed (refused up front when the hub is offline).
+``metrics.csv``), the window averages the paper reports to ``summary.json``. The console shows a progress bar
+and a compact table every ``table_every`` iterations; ``--log_level info`` prints TRL's per-step metric dicts
+too. It ends like TRL's ``grpo.py``: the model and its card (``README.md``, tagged ``rgpo``) in
+``output_dir``, and with ``--push_to_hub`` both pushed (refused up front when the hub is offline).
 """
 
 from __future__ import annotations
@@ -48,47 +48,49 @@ TINY_PREFIX = "tiny-hh/"  # `tiny-hh/<asset>` in a preset names an asset of the 
 
 @dataclass
 class HHScriptArguments(ScriptArguments):
-    """The recipe's own arguments (world, method, data, reward model, evaluation); TRL's `ScriptArguments` fields
-    (``dataset_train_split``, ``dataset_test_split``, ...) keep their meaning."""
+    """The recipe's own arguments (world, method, data, reward model, evaluation); TRL's `ScriptArguments`
+    fields (``dataset_train_split``, ``dataset_test_split``, ...) keep their meaning."""
 
     world: str = field(
         default="hh",
         metadata={
-            "help": "'hh': Anthropic HH-RLHF and its reward model, no gold score; 'tiny': the embedded tiny-HH world "
-            "(`tiny-hh/<asset>` paths, built once and cached) whose gold score is logged next to the reward."
+            "help": "'hh': Anthropic HH-RLHF and its reward model, no gold score; "
+            "'tiny': the embedded tiny-HH world (`tiny-hh/<asset>` paths, built "
+            "once and cached) whose gold score is logged next to the reward."
         },
     )
     method: str = field(
         default="rgpo",
         metadata={
-            "help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, cispo, dpo, "
-            "or sft (no training: the initial policy through the same evaluation)."
+            "help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, "
+            "cispo, dpo, or sft (no training: the initial policy through the same evaluation)."
         },
     )
     trainer: str = field(
         default="sync",
         metadata={
-            "help": "'sync': TRL's GRPOTrainer family, generation and training in turn; 'async': TRL's asynchronous "
-            "trainer (trl.experimental.async_grpo), where samples arrive up to max_staleness weight versions old "
-            "(methods rgpo, rgpo_old, grpo; its fields such as --max_staleness apply).",
+            "help": "'sync': TRL's GRPOTrainer family, generation and training in turn; 'async': TRL's "
+            "asynchronous trainer (trl.experimental.async_grpo), where samples arrive up to max_staleness "
+            "weight versions old (methods rgpo, rgpo_old, grpo; its fields such as --max_staleness apply).",
             "choices": ["sync", "async"],
         },
     )
     async_rollout: str = field(
         default="auto",
         metadata={
-            "help": "With --trainer async: 'in_process' generates in a thread of the trainer with transformers "
-            "(CPU, tests, the tiny world); 'vllm' uses TRL's vLLM server (`trl vllm-serve`, GPUs); 'auto' is "
-            "in_process without a GPU and vllm with one.",
+            "help": "With --trainer async: 'in_process' generates in a thread of the trainer with "
+            "transformers (CPU, tests, the tiny world); 'vllm' uses TRL's vLLM server (`trl vllm-serve`, "
+            "GPUs); 'auto' is in_process without a GPU and vllm with one.",
             "choices": ["auto", "in_process", "vllm"],
         },
     )
     rollout_lag: int | None = field(
         default=None,
         metadata={
-            "help": "With --trainer async and the in-process worker: the samples of the optimizer step that trains "
-            "weight version v are generated with version v - rollout_lag exactly (1 <= rollout_lag <= "
-            "max_staleness), so staleness does not depend on the machine's speed; unset: the worker runs freely."
+            "help": "With --trainer async and the in-process worker: the samples of the "
+            "optimizer step that trains weight version v are generated with version v - "
+            "rollout_lag exactly (1 <= rollout_lag <= max_staleness), so staleness does "
+            "not depend on the machine's speed; unset: the worker runs freely."
         },
     )
     reward_model_name_or_path: str = field(
@@ -112,8 +114,8 @@ class HHScriptArguments(ScriptArguments):
     num_rl_iterations: int = field(
         default=400,
         metadata={
-            "help": "RL iterations: generation batches of per_device_train_batch_size / num_generations prompts "
-            "per process. max_steps = num_rl_iterations * num_iterations (each batch is reused "
+            "help": "RL iterations: generation batches of per_device_train_batch_size / num_generations "
+            "prompts per process. max_steps = num_rl_iterations * num_iterations (each batch is reused "
             "num_iterations times), unless max_steps is given."
         },
     )
@@ -136,22 +138,25 @@ class HHScriptArguments(ScriptArguments):
     tiny_version: int = field(
         default=3,
         metadata={
-            "help": "tiny-hh/ assets: the world version. 3: training, validation (tiny-hh/validation) and test "
-            "questions never share a text, gold penalises ill-formed text; 2: the world of the committed v2 results.",
+            "help": "tiny-hh/ assets: the world version. 3: training, validation (tiny-hh/validation) and "
+            "test questions never share a text, gold penalises ill-formed text; 2: the world of the "
+            "committed v2 results.",
             "choices": [2, 3],
         },
     )
     validation_dataset_name: str | None = field(
         default=None,
         metadata={
-            "help": "Take the validation prompts from the first validation_prompts prompts of this dataset (e.g. "
-            "tiny-hh/validation: questions no training prompt contains) instead of the last training prompts."
+            "help": "Take the validation prompts from the first validation_prompts "
+            "prompts of this dataset (e.g. tiny-hh/validation: questions no "
+            "training prompt contains) instead of the last training prompts."
         },
     )
     heldout_dataset_name: str | None = field(
         default=None,
         metadata={
-            "help": "Held-out prompts for the end-of-run evaluation (default: dataset_name, dataset_test_split)."
+            "help": "Held-out prompts for the end-of-run evaluation (default: dataset_name, "
+            "dataset_test_split)."
         },
     )
     save_final_model: bool = field(
@@ -160,15 +165,16 @@ class HHScriptArguments(ScriptArguments):
     heldout_prompts: int = field(
         default=64,
         metadata={
-            "help": "Held-out prompts evaluated after training (proxy reward, gold where known, KL_ref of one "
-            "sample each, written to heldout.json); 0 disables. Single-process runs only."
+            "help": "Held-out prompts evaluated after training (proxy reward, gold where known, KL_ref of "
+            "one sample each, written to heldout.json); 0 disables. Single-process runs only."
         },
     )
     heldout_compare_initial: bool = field(
         default=False,
         metadata={
-            "help": "Also evaluate the initial (SFT) policy on the held-out prompts and end with a table of both "
-            "(proxy reward, gold, KL_ref) and a sentence on what training did (the demo). Online methods."
+            "help": "Also evaluate the initial (SFT) policy on the held-out "
+            "prompts and end with a table of both (proxy reward, gold, KL_ref) "
+            "and a sentence on what training did (the demo). Online methods."
         },
     )
     heldout_samples: int = field(
@@ -198,29 +204,32 @@ class HHScriptArguments(ScriptArguments):
     table_every: int = field(
         default=10,
         metadata={
-            "help": "Console: a compact table row (reward, KL_ref, KL_old, kl_coef, gate, gold) every N iterations; "
-            "0 none. TRL's per-step metric dicts are printed only with --log_level info (or debug)."
+            "help": "Console: a compact table row (reward, KL_ref, KL_old, "
+            "kl_coef, gate, gold) every N iterations; 0 none. TRL's per-step "
+            "metric dicts are printed only with --log_level info (or debug)."
         },
     )
     train_eval_prompts: int | None = field(
         default=None,
         metadata={
-            "help": "Training prompts of an offline method's (dpo, sft) end-of-run evaluation, its counterpart of "
-            "the online methods' window (summary.json); default: heldout_prompts."
+            "help": "Training prompts of an offline method's (dpo, sft) end-of-run evaluation, its "
+            "counterpart of the online methods' window (summary.json); default: heldout_prompts."
         },
     )
 
 
 def config_name(argv: list[str]) -> str:
-    """The name of the ``--config`` YAML (``hh_rlhf_tiny_paper.yaml`` -> ``tiny_paper``), found as TrlParser finds
-    it: the default output directory is per config file, so two presets never share one."""
+    """The name of the ``--config`` YAML (``hh_rlhf_tiny_paper.yaml`` -> ``tiny_paper``), found as TrlParser
+    finds it: the default output directory is per config file, so two presets never share one."""
     if "--config" not in argv:
         return "default"
     path = Path(argv[argv.index("--config") + 1])
     if not path.is_file():
         known = sorted(p.stem.removeprefix("hh_rlhf_") for p in CONFIG_DIR.glob("hh_rlhf_*.yaml"))
-        raise ValueError(f"config file {str(path)!r} not found; the presets are recipes/configs/hh_rlhf_<name>.yaml "
-                         f"for <name> in {', '.join(known)}")  # fmt: skip
+        raise ValueError(
+            f"config file {str(path)!r} not found; the presets are recipes/configs/hh_rlhf_<name>.yaml "
+            f"for <name> in {', '.join(known)}"
+        )
     return path.stem.removeprefix("hh_rlhf_")
 
 
@@ -243,9 +252,13 @@ TINY_ASSETS = ("policy", "reward_model", "train", "test", "validation")
 
 def unknown_tiny_asset(script_args, model_args) -> None:
     """Refuse a ``tiny-hh/<asset>`` path naming no asset (before anything is built)."""
-    for name, obj in (("heldout_dataset_name", script_args), ("validation_dataset_name", script_args),
-                      ("model_name_or_path", model_args), ("reward_model_name_or_path", script_args),
-                      ("dataset_name", script_args)):  # fmt: skip
+    for name, obj in (
+        ("heldout_dataset_name", script_args),
+        ("validation_dataset_name", script_args),
+        ("model_name_or_path", model_args),
+        ("reward_model_name_or_path", script_args),
+        ("dataset_name", script_args),
+    ):
         value = str(getattr(obj, name) or "")
         if value.startswith(TINY_PREFIX) and value.removeprefix(TINY_PREFIX) not in TINY_ASSETS:
             raise ValueError(f"{name}={value!r}: tiny-hh assets are {list(TINY_ASSETS)}")
@@ -274,8 +287,12 @@ def resolve_tiny_assets(script_args, model_args) -> None:
         assets = build_tiny_assets(
             script_args.cache_dir, quick=script_args.tiny_quick, version=script_args.tiny_version
         )
-    known = {"policy": assets.policy_dir, "reward_model": assets.reward_model_dir, "train": assets.train_file,
-             "test": assets.test_file}  # fmt: skip
+    known = {
+        "policy": assets.policy_dir,
+        "reward_model": assets.reward_model_dir,
+        "train": assets.train_file,
+        "test": assets.test_file,
+    }
     if assets.validation_file.exists():
         known["validation"] = assets.validation_file
     for name, obj in paths.items():
@@ -290,10 +307,11 @@ def resolve_tiny_assets(script_args, model_args) -> None:
 
 
 def parse_args(argv: list[str] | None = None, check_hub: bool = True, resolve_assets: bool = True):
-    """(script_args, training_args, model_args) from TrlParser's ``parse_args_and_config`` (YAML via ``--config``).
-    The method decides the config class, so a first pass reads the script's own fields (and the model's, to check
-    hub ids before anything is built); the second parses everything with the method's loss settings as defaults,
-    which the YAML and the command line override: field defaults < method < YAML < command line."""
+    """(script_args, training_args, model_args) from TrlParser's ``parse_args_and_config`` (YAML via
+    ``--config``). The method decides the config class, so a first pass reads the script's own fields (and the
+    model's, to check hub ids before anything is built); the second parses everything with the method's loss
+    settings as defaults, which the YAML and the command line override: field defaults < method < YAML <
+    command line."""
     from trl import ModelConfig, TrlParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -350,9 +368,9 @@ def _parse_sync(argv, first, run_name):
 
 
 def _parse_async(argv, first, run_name):
-    """`parse_args` for --trainer async: the method's asynchronous trainer config. Preset settings it has no field
-    for (num_iterations: no batch reuse; disable_dropout) are listed in ``unused_preset_settings``; an unknown
-    command-line option is an error."""
+    """`parse_args` for --trainer async: the method's asynchronous trainer config. Preset settings it has no
+    field for (num_iterations: no batch reuse; disable_dropout) are listed in ``unused_preset_settings``; an
+    unknown command-line option is an error."""
     import torch
 
     from rgpo_trl.rlhf.async_methods import get_async_method
@@ -382,13 +400,13 @@ def _parse_async(argv, first, run_name):
     lag = script_args.rollout_lag
     if lag is not None and not 1 <= lag <= training_args.max_staleness:
         raise ValueError(
-            f"rollout_lag must be in [1, max_staleness = {training_args.max_staleness}], got {lag}: older samples "
-            "are dropped, and TRL's loader reads one micro-batch ahead of the weights it trains"
+            f"rollout_lag must be in [1, max_staleness = {training_args.max_staleness}], got {lag}: older "
+            "samples are dropped, and TRL's loader reads one micro-batch ahead of the weights it trains"
         )
     if model_args.attn_implementation is not None:
         raise ValueError(
-            f"attn_implementation={model_args.attn_implementation!r} cannot be used with --trainer async: TRL's "
-            "asynchronous trainer packs samples into prefix trees and runs its own tree attention"
+            f"attn_implementation={model_args.attn_implementation!r} cannot be used with --trainer async: "
+            "TRL's asynchronous trainer packs samples into prefix trees and runs its own tree attention"
         )
     if training_args.token_budget is None and script_args.async_rollout != "vllm":
         training_args.token_budget = 0  # the in-process worker: a fixed number of samples per micro-batch
@@ -400,10 +418,13 @@ def _parse_async(argv, first, run_name):
 
 
 WORLDS = {"hh", "tiny"}
+# printed as it is by --help (RawDescriptionHelpFormatter); a backslash at a line's end continues the line
 DESCRIPTION = """RGPO (and the paper's baselines) on Anthropic HH-RLHF with a pairwise DeBERTa reward model.
 
-Run a preset: --config recipes/configs/hh_rlhf_{tiny,tiny_paper,paper}.yaml; pick the loss with --method (rgpo,
-rgpo_old, ppo, grpo, ppo_clip_kl, sapo, cispo, dpo, sft; rgpo, rgpo_old and grpo also with --trainer async). The
+Run a preset: --config recipes/configs/hh_rlhf_{tiny,tiny_paper,paper}.yaml; \
+pick the loss with --method (rgpo,
+rgpo_old, ppo, grpo, ppo_clip_kl, sapo, cispo, dpo, sft; \
+rgpo, rgpo_old and grpo also with --trainer async). The
 recipe's own options come first below, then TRL's GRPOConfig / RGPOConfig fields (RGPO's: gate, gate_params,
 ratio_mode, kl_controller, kl_coef, kl_target, kl_coef_min, kl_coef_max, beta) and ModelConfig's (PEFT:
 --use_peft --lora_r 16)."""
@@ -428,8 +449,10 @@ def make_parser(config_class, model_config=None):
     """The recipe's TrlParser: a description at the top of --help, the script's own fields first."""
     from trl import ModelConfig, TrlParser
 
-    usage = ("accelerate launch [--config_file recipes/accelerate_configs/<launch>.yaml] recipes/hh_rlhf_qwen.py "
-             "--config recipes/configs/hh_rlhf_<preset>.yaml [--method METHOD] [--<field> VALUE ...]")  # fmt: skip
+    usage = (
+        "accelerate launch [--config_file recipes/accelerate_configs/<launch>.yaml] recipes/hh_rlhf_qwen.py "
+        "--config recipes/configs/hh_rlhf_<preset>.yaml [--method METHOD] [--<field> VALUE ...]"
+    )
     return TrlParser(
         (HHScriptArguments, config_class, model_config or ModelConfig),
         usage=usage,
@@ -445,9 +468,9 @@ def refuse_offline_push(training_args) -> None:
 
     if hub_offline("model"):
         raise ValueError(
-            "push_to_hub=True but the Hugging Face Hub is offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): the "
-            f"model and its card are saved to {training_args.output_dir!r} only. Unset the offline variables and "
-            "log in (`hf auth login`) to push, or drop --push_to_hub."
+            "push_to_hub=True but the Hugging Face Hub is offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): "
+            f"the model and its card are saved to {training_args.output_dir!r} only. Unset the offline "
+            "variables and log in (`hf auth login`) to push, or drop --push_to_hub."
         )
 
 
@@ -471,8 +494,16 @@ def evaluate_prompts(
         from rgpo_trl.tiny_hh import gold_for
 
         _, gold_fn = gold_for(script_args.tiny_version)
-    result = evaluate_policy(model, tokenizer, repeat_prompts(prompts, samples), reward_model, ref_model=ref_model,
-                             gold_fn=gold_fn, per_completion=per_completion, **sampling)  # fmt: skip
+    result = evaluate_policy(
+        model,
+        tokenizer,
+        repeat_prompts(prompts, samples),
+        reward_model,
+        ref_model=ref_model,
+        gold_fn=gold_fn,
+        per_completion=per_completion,
+        **sampling,
+    )
     result.update(prompts=len(prompts), samples_per_prompt=samples)
     return result
 
@@ -494,8 +525,14 @@ def evaluate_on(
     from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
 
     n = max(n, 1)
-    prompts, _ = load_hh_helpful_prompts(name, split, tokenizer, script_args.max_prompt_length,
-                                         data_dir=script_args.dataset_data_dir, max_rows=4 * n)  # fmt: skip
+    prompts, _ = load_hh_helpful_prompts(
+        name,
+        split,
+        tokenizer,
+        script_args.max_prompt_length,
+        data_dir=script_args.dataset_data_dir,
+        max_rows=4 * n,
+    )
     prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
     result = evaluate_prompts(
         model, ref_model, tokenizer, script_args, reward_model, prompts, sampling, samples, per_completion
@@ -510,10 +547,19 @@ def summary_window(script_args, n_iters: int) -> tuple[int, int]:
     return start, script_args.window_end if script_args.window_end is not None else n_iters
 
 
-def validation_callback(script_args, training_args, tokenizer, prompts, reward_model, ref_model_fn, sampling,
-                        steps_per_iteration: int, window: tuple[int, int]):  # fmt: skip
-    """The `WindowEvaluation` on the validation prompts: every ``validation_every`` iterations in the window and
-    at its end; None when ``validation_prompts`` is 0."""
+def validation_callback(
+    script_args,
+    training_args,
+    tokenizer,
+    prompts,
+    reward_model,
+    ref_model_fn,
+    sampling,
+    steps_per_iteration: int,
+    window: tuple[int, int],
+):
+    """The `WindowEvaluation` on the validation prompts: every ``validation_every`` iterations in the window
+    and at its end; None when ``validation_prompts`` is 0."""
     from rgpo_trl.rlhf.evaluation import WindowEvaluation
 
     if script_args.validation_prompts == 0:
@@ -522,12 +568,27 @@ def validation_callback(script_args, training_args, tokenizer, prompts, reward_m
     at = [*range(hi, lo, -script_args.validation_every)][::-1]
 
     def evaluate(model, prompts, seed):
-        return evaluate_prompts(model, ref_model_fn(), tokenizer, script_args, reward_model, prompts,
-                                {**sampling, "seed": seed}, script_args.validation_samples)  # fmt: skip
+        return evaluate_prompts(
+            model,
+            ref_model_fn(),
+            tokenizer,
+            script_args,
+            reward_model,
+            prompts,
+            {**sampling, "seed": seed},
+            script_args.validation_samples,
+        )
 
     out = training_args.output_dir
-    return WindowEvaluation(os.path.join(out, "validation.jsonl"), os.path.join(out, "validation.json"),
-                            prompts, at, steps_per_iteration, evaluate, seed=1000 * training_args.seed)  # fmt: skip
+    return WindowEvaluation(
+        os.path.join(out, "validation.jsonl"),
+        os.path.join(out, "validation.json"),
+        prompts,
+        at,
+        steps_per_iteration,
+        evaluate,
+        seed=1000 * training_args.seed,
+    )
 
 
 def split_validation(dataset, script_args, tokenizer):
@@ -579,8 +640,9 @@ def write_heldout(
 def print_comparison(
     trained, model_args, tokenizer, script_args, training_args, reward_model, sampling
 ) -> None:
-    """The demo's ending: the initial policy through the same held-out evaluation (its own reference: KL_ref 0),
-    the table of both, what happened, and where the results are (heldout_initial.json next to heldout.json)."""
+    """The demo's ending: the initial policy through the same held-out evaluation (its own reference: KL_ref
+    0), the table of both, what happened, and where the results are (heldout_initial.json next to
+    heldout.json)."""
     from transformers import AutoModelForCausalLM
 
     from rgpo_trl.rlhf.evaluation import comparison_table
@@ -608,10 +670,11 @@ def print_comparison(
 
 
 def run_offline(script_args, training_args, model_args, tokenizer, state) -> dict:
-    """An offline method: DPO (TRL's DPOTrainer on the dataset's chosen/rejected pairs from the same initial policy
-    and reference, for as many optimizer steps as the online methods take) or ``sft`` (no training: the initial
-    policy itself, the baseline every method starts from). Then the shared evaluation on training prompts
-    (summary.json, the counterpart of the online methods' window) and on held-out prompts (heldout.json)."""
+    """An offline method: DPO (TRL's DPOTrainer on the dataset's chosen/rejected pairs from the same initial
+    policy and reference, for as many optimizer steps as the online methods take) or ``sft`` (no training: the
+    initial policy itself, the baseline every method starts from). Then the shared evaluation on training
+    prompts (summary.json, the counterpart of the online methods' window) and on held-out prompts
+    (heldout.json)."""
     from transformers import AutoModelForCausalLM
     from trl import get_peft_config
 
@@ -628,31 +691,54 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         raise ValueError(
             "validation_prompts: the validation evaluation runs in single-process runs only; set 0"
         )
-    reward_model = load_pairwise_reward(script_args.reward_model_name_or_path, batch_size=script_args.reward_batch_size,
-                                        max_length=script_args.reward_max_length)  # fmt: skip
-    sampling = {"max_new_tokens": int(unused.get("max_completion_length", 64)),
-                "temperature": float(unused.get("temperature", 1.0)), "seed": training_args.seed}  # fmt: skip
+    reward_model = load_pairwise_reward(
+        script_args.reward_model_name_or_path,
+        batch_size=script_args.reward_batch_size,
+        max_length=script_args.reward_max_length,
+    )
+    sampling = {
+        "max_new_tokens": int(unused.get("max_completion_length", 64)),
+        "temperature": float(unused.get("temperature", 1.0)),
+        "seed": training_args.seed,
+    }
     validation_prompts: list = []
     if script_args.validation_prompts:  # the same validation prompts as the online methods, out of training
         with state.main_process_first():
-            prompts, _ = load_hh_helpful_prompts(script_args.dataset_name, script_args.dataset_train_split, tokenizer,
-                                                 script_args.max_prompt_length, data_dir=script_args.dataset_data_dir)  # fmt: skip
+            prompts, _ = load_hh_helpful_prompts(
+                script_args.dataset_name,
+                script_args.dataset_train_split,
+                tokenizer,
+                script_args.max_prompt_length,
+                data_dir=script_args.dataset_data_dir,
+            )
         _, validation_prompts = split_validation(prompts, script_args, tokenizer)
     if method.trainer_class is None:  # the initial policy, evaluated as it is (its own reference: KL_ref = 0)
         model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(state.device)
         ref_model, device = model, state.device
         info.update(optimizer_steps=0)
         if validation_prompts:  # one evaluation: the policy does not change
-            result = evaluate_prompts(model, ref_model, tokenizer, script_args, reward_model.to(device),
-                                      validation_prompts, sampling, script_args.validation_samples)  # fmt: skip
+            result = evaluate_prompts(
+                model,
+                ref_model,
+                tokenizer,
+                script_args,
+                reward_model.to(device),
+                validation_prompts,
+                sampling,
+                script_args.validation_samples,
+            )
             os.makedirs(training_args.output_dir, exist_ok=True)
             with open(os.path.join(training_args.output_dir, "validation.json"), "w") as f:
                 json.dump({"iterations": [0], "expected_iterations": [0], **result}, f, indent=2)
     else:
         with state.main_process_first():
-            pairs, stats = load_hh_preference_pairs(script_args.dataset_name, script_args.dataset_train_split, tokenizer,
-                                                    script_args.max_prompt_length,
-                                                    data_dir=script_args.dataset_data_dir)  # fmt: skip
+            pairs, stats = load_hh_preference_pairs(
+                script_args.dataset_name,
+                script_args.dataset_train_split,
+                tokenizer,
+                script_args.max_prompt_length,
+                data_dir=script_args.dataset_data_dir,
+            )
         if validation_prompts:
             held = {json.dumps(p, sort_keys=True) for p in validation_prompts}
             pairs = pairs.filter(lambda r: json.dumps(r["prompt"], sort_keys=True) not in held)
@@ -660,14 +746,28 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
             pairs = pairs.select(range(min(script_args.max_train_prompts, len(pairs))))
         if training_args.max_steps is None or training_args.max_steps <= 0:
             training_args.max_steps = script_args.num_rl_iterations * int(unused.get("num_iterations", 2))
-        trainer = method.trainer_class(model=model_args.model_name_or_path, args=training_args, train_dataset=pairs,
-                                       processing_class=tokenizer, peft_config=get_peft_config(model_args))  # fmt: skip
+        trainer = method.trainer_class(
+            model=model_args.model_name_or_path,
+            args=training_args,
+            train_dataset=pairs,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )
         reward_model.to(trainer.accelerator.device)
         steps_per_iteration = int(unused.get("num_iterations", 2))
         n_iters = training_args.max_steps // steps_per_iteration
         window = summary_window(script_args, n_iters)
-        validation = validation_callback(script_args, training_args, tokenizer, validation_prompts, reward_model,
-                                         lambda: trainer.ref_model, sampling, steps_per_iteration, window)  # fmt: skip
+        validation = validation_callback(
+            script_args,
+            training_args,
+            tokenizer,
+            validation_prompts,
+            reward_model,
+            lambda: trainer.ref_model,
+            sampling,
+            steps_per_iteration,
+            window,
+        )
         if validation is not None:
             trainer.add_callback(validation)
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
@@ -684,10 +784,24 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         if script_args.train_eval_prompts is None
         else script_args.train_eval_prompts
     )
-    summary = evaluate_on(model, ref_model, tokenizer, script_args, reward_model, script_args.dataset_name,
-                          script_args.dataset_train_split, sampling, n_train)  # fmt: skip
-    summary.update(method=script_args.method, world_size=state.num_processes, **info, unused_settings=unused,
-                   evaluated_on="training prompts, one sample each" + (" after training" if info.get("pairs") else ""))  # fmt: skip
+    summary = evaluate_on(
+        model,
+        ref_model,
+        tokenizer,
+        script_args,
+        reward_model,
+        script_args.dataset_name,
+        script_args.dataset_train_split,
+        sampling,
+        n_train,
+    )
+    summary.update(
+        method=script_args.method,
+        world_size=state.num_processes,
+        **info,
+        unused_settings=unused,
+        evaluated_on="training prompts, one sample each" + (" after training" if info.get("pairs") else ""),
+    )
     os.makedirs(training_args.output_dir, exist_ok=True)
     with open(os.path.join(training_args.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -702,9 +816,9 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
 def build_async_trainer(
     script_args, training_args, model_args, tokenizer, dataset, reward_funcs, reward_weights
 ):
-    """(method, trainer) for --trainer async: the method's asynchronous trainer with the in-process rollout worker
-    (a thread generating with transformers) or, on GPUs, TRL's vLLM worker; the vLLM path fails up front when vllm
-    is not installed."""
+    """(method, trainer) for --trainer async: the method's asynchronous trainer with the in-process rollout
+    worker (a thread generating with transformers) or, on GPUs, TRL's vLLM worker; the vLLM path fails up
+    front when vllm is not installed."""
     import importlib.util
 
     from trl import get_peft_config
@@ -736,9 +850,9 @@ def build_async_trainer(
         workers = {"rollout_worker": worker, "weight_transfer": InProcessWeightTransfer(worker)}
     elif importlib.util.find_spec("vllm") is None:
         raise UsageError(
-            "async_rollout='vllm' needs vllm (pip install vllm) and a running server: `trl vllm-serve --model "
-            f"{model_args.model_name_or_path}` (--vllm_server_base_url, default {training_args.vllm_server_base_url}); "
-            "without a GPU use --async_rollout in_process"
+            "async_rollout='vllm' needs vllm (pip install vllm) and a running server: "
+            f"`trl vllm-serve --model {model_args.model_name_or_path}` (--vllm_server_base_url, default "
+            f"{training_args.vllm_server_base_url}); without a GPU use --async_rollout in_process"
         )
     trainer = method.trainer_class(
         model=model_args.model_name_or_path,
@@ -753,9 +867,9 @@ def build_async_trainer(
 
 
 def plain_policy(path: str, device, trained=None):
-    """The policy at ``path`` in float32 with standard attention, on ``device``, holding ``trained``'s weights if
-    given (a PEFT model's adapter merged in): TRL's asynchronous trainer runs packed tree attention, which cannot
-    generate. Called after training and saving."""
+    """The policy at ``path`` in float32 with standard attention, on ``device``, holding ``trained``'s weights
+    if given (a PEFT model's adapter merged in): TRL's asynchronous trainer runs packed tree attention, which
+    cannot generate. Called after training and saving."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -806,8 +920,8 @@ def verbose_console(training_args) -> bool:
 
 
 def finish(trainer, script_args, training_args) -> None:
-    """End like TRL's grpo.py: save the model and write its card (README.md, tagged rgpo) to output_dir; push both
-    with --push_to_hub (refused offline before training, see `refuse_offline_push`)."""
+    """End like TRL's grpo.py: save the model and write its card (README.md, tagged rgpo) to output_dir; push
+    both with --push_to_hub (refused offline before training, see `refuse_offline_push`)."""
     if script_args.save_final_model:
         trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
@@ -886,7 +1000,8 @@ def main(argv: list[str] | None = None) -> dict:
         del model_init_kwargs["attn_implementation"]
     training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
 
-    # one iteration: a generation batch and its reuse (sync); one optimizer step (async: generation never pauses)
+    # one iteration: a generation batch and its reuse (sync); one optimizer step (async: generation never
+    # pauses)
     steps_per_iteration = optimizer_steps_per_iteration(training_args) if script_args.trainer == "sync" else 1
     if training_args.max_steps is None or training_args.max_steps <= 0:
         training_args.max_steps = script_args.num_rl_iterations * steps_per_iteration
@@ -920,20 +1035,46 @@ def main(argv: list[str] | None = None) -> dict:
         reward_model.model = prepare_deepspeed(reward_model.model, trainer.accelerator)
     else:
         reward_model.to(trainer.accelerator.device)
-    trainer.add_callback(IterationMetricsWriter(training_args.output_dir, steps_per_iteration, window, method,
-                                                state.num_processes, table_every=script_args.table_every))  # fmt: skip
+    trainer.add_callback(
+        IterationMetricsWriter(
+            training_args.output_dir,
+            steps_per_iteration,
+            window,
+            method,
+            state.num_processes,
+            table_every=script_args.table_every,
+        )
+    )
     if not verbose_console(training_args):
         quiet_console(trainer)
-    sampling = {"max_new_tokens": training_args.max_completion_length, "temperature": training_args.temperature,
-                "seed": training_args.seed}  # fmt: skip
-    validation = validation_callback(script_args, training_args, tokenizer, validation_prompts, reward_model,
-                                     lambda: trainer.ref_model, sampling, steps_per_iteration, window)  # fmt: skip
+    sampling = {
+        "max_new_tokens": training_args.max_completion_length,
+        "temperature": training_args.temperature,
+        "seed": training_args.seed,
+    }
+    validation = validation_callback(
+        script_args,
+        training_args,
+        tokenizer,
+        validation_prompts,
+        reward_model,
+        lambda: trainer.ref_model,
+        sampling,
+        steps_per_iteration,
+        window,
+    )
     if validation is not None:
         trainer.add_callback(validation)
     if state.is_main_process:
-        logger.info("%s (%s world): %d iterations x %d optimizer steps, %d process(es), metrics -> %s/metrics.jsonl",
-                    script_args.method, script_args.world, n_iters, steps_per_iteration, state.num_processes,
-                    training_args.output_dir)  # fmt: skip
+        logger.info(
+            "%s (%s world): %d iterations x %d optimizer steps, %d process(es), metrics -> %s/metrics.jsonl",
+            script_args.method,
+            script_args.world,
+            n_iters,
+            steps_per_iteration,
+            state.num_processes,
+            training_args.output_dir,
+        )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     finish(trainer, script_args, training_args)
     if script_args.heldout_prompts > 0 and state.num_processes > 1:

@@ -4,20 +4,20 @@ held-out evaluation the paper does not have, and the figures.
     python recipes/rlhf_report.py results/rlhf/tiny-paper [--out results/rlhf/tiny-paper/report]
     python recipes/rlhf_report.py results/rlhf --studies   # issue 25: tune/ final/ frontier/ reuse/ together
 
-Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.csv}`` (or ``metrics.jsonl``, the same rows;
-results/ keeps the CSV). Per method: mean +- sample std
-(ddof 1) over the finished seeds (n stated) of the window averages (the paper's iterations 300-400) of the
-proxy reward, KL_ref and gold, and of the held-out proxy reward, gold and KL_ref. Methods with no finished run
-are listed as not run. Figures: reward and KL_ref per iteration (mean +- 1 std over seeds), the reward-KL_ref
-Pareto plot (seeds small, means large) and gold against sqrt(KL_ref) per method (over-optimisation curves).
+Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.csv}`` (or ``metrics.jsonl``, the same
+rows; results/ keeps the CSV). Per method: mean +- sample std (ddof 1) over the finished seeds (n stated) of
+the window averages (the paper's iterations 300-400) of the proxy reward, KL_ref and gold, and of the held-out
+proxy reward, gold and KL_ref. Methods with no finished run are listed as not run. Figures: reward and KL_ref
+per iteration (mean +- 1 std over seeds), the reward-KL_ref Pareto plot (seeds small, means large) and gold
+against sqrt(KL_ref) per method (over-optimisation curves).
 
 With the ``sft`` baseline (the initial policy through the same evaluation) it also writes what the gold score
 adds: each method's gold minus the SFT policy's gold (Welch 95% interval over seeds), in the pre-registered
-window and at the method's best 25-iteration bin (picked after seeing the curve, so optimistic), and whether the
-proxy-gold gap grows with KL_ref: per 25-iteration bin of every online run, the proxy shift minus the gold
-shift from the SFT policy, each in units of the SFT policy's per-sample std, against KL_ref (Spearman). Pairwise
-tests: two-sided Welch, Holm-corrected within each family (every method vs the SFT policy; RGPO vs every other
-method), on held-out gold, window gold and held-out KL_ref.
+window and at the method's best 25-iteration bin (picked after seeing the curve, so optimistic), and whether
+the proxy-gold gap grows with KL_ref: per 25-iteration bin of every online run, the proxy shift minus the gold
+shift from the SFT policy, each in units of the SFT policy's per-sample std, against KL_ref (Spearman).
+Pairwise tests: two-sided Welch, Holm-corrected within each family (every method vs the SFT policy; RGPO vs
+every other method), on held-out gold, window gold and held-out KL_ref.
 """
 
 from __future__ import annotations
@@ -39,8 +39,12 @@ ONLINE = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"]
 BIN = 25  # iterations per bin of the per-iteration curves (25 x 16 samples per bin and seed)
 PROXY, GOLD, KL = "rewards/reward_model/mean", "rewards/gold/mean", "kl_ref/monitor"
 # The paper's Table rlhf_main (reward improvement over the initial policy; KL to the reference), Qwen2.5-1.5B.
-PAPER = {"rgpo": {"reward": 0.243, "kl_ref": 0.364}, "ppo": {"reward": 0.211, "kl_ref": 0.434},
-         "grpo": {"reward": 0.236, "kl_ref": 0.778}, "dpo": {"kl_ref": 0.079}}  # fmt: skip
+PAPER = {
+    "rgpo": {"reward": 0.243, "kl_ref": 0.364},
+    "ppo": {"reward": 0.211, "kl_ref": 0.434},
+    "grpo": {"reward": 0.236, "kl_ref": 0.778},
+    "dpo": {"kl_ref": 0.079},
+}
 
 
 def load(results: str) -> dict[str, list[dict]]:
@@ -61,13 +65,17 @@ def load(results: str) -> dict[str, list[dict]]:
     return runs
 
 
+def _csv_value(key: str, value: str) -> int | float:
+    return int(float(value)) if key in ("iteration", "step") else float(value)
+
+
 def read_rows(run_dir: str) -> list[dict]:
-    """The per-step metric rows of a run: metrics.csv (empty cells: not logged at that step) or metrics.jsonl."""
+    """The per-step metric rows of a run: metrics.csv (empty cells: not logged at that step) or
+    metrics.jsonl."""
     path = os.path.join(run_dir, "metrics.csv")
     if os.path.exists(path):
         with open(path, newline="") as f:
-            return [{k: (int(float(v)) if k in ("iteration", "step") else float(v)) for k, v in row.items() if v != ""}
-                    for row in csv.DictReader(f)]  # fmt: skip
+            return [{k: _csv_value(k, v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
     path = os.path.join(run_dir, "metrics.jsonl")
     return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 
@@ -96,15 +104,19 @@ def _cell(ms, digits=3) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| method | n | reward (window) | reward - SFT | KL_ref (window) | gold (window) | held-out reward | "
-             "held-out gold | held-out KL_ref | paper: reward gain / KL_ref |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| method | n | reward (window) | reward - SFT | KL_ref (window) | gold (window) | held-out reward | "
+        "held-out gold | held-out KL_ref | paper: reward gain / KL_ref |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         p = PAPER.get(r["method"], {})
         paper = f"{p.get('reward', '-')} / {p.get('kl_ref', '-')}" if p else "-"
-        lines.append(f"| {r['method']} | {r['n']} | {_cell(r['reward'])} | {_cell(r['reward_gain'])} | "
-                     f"{_cell(r['kl_ref'])} | {_cell(r['gold'])} | "
-                     f"{_cell(r['heldout_reward'])} | {_cell(r['heldout_gold'])} | {_cell(r['heldout_kl_ref'])} | {paper} |")  # fmt: skip
+        lines.append(
+            f"| {r['method']} | {r['n']} | {_cell(r['reward'])} | {_cell(r['reward_gain'])} | "
+            f"{_cell(r['kl_ref'])} | {_cell(r['gold'])} | {_cell(r['heldout_reward'])} | "
+            f"{_cell(r['heldout_gold'])} | {_cell(r['heldout_kl_ref'])} | {paper} |"
+        )
     return "\n".join(lines)
 
 
@@ -131,8 +143,9 @@ def welch(a, b) -> tuple[float, float, float]:
 def pairwise(
     runs: dict[str, list[dict]], source: str = "heldout", key: str = "gold"
 ) -> dict[str, list[dict]]:
-    """Two families of two-sided Welch tests on ``runs[m][source][key]`` over seeds, each Holm-corrected across its
-    comparisons: every method against the SFT policy, and RGPO against every other method (n >= 2 a side)."""
+    """Two families of two-sided Welch tests on ``runs[m][source][key]`` over seeds, each Holm-corrected
+    across its comparisons: every method against the SFT policy, and RGPO against every other method (n >= 2 a
+    side)."""
     values = {m: [r[source].get(key) for r in runs.get(m, [])] for m in METHODS}
     values = {m: v for m, v in values.items() if len(v) >= 2 and None not in v}
     families = {
@@ -150,8 +163,8 @@ def welch_family(pairs: list[tuple[str, str]], values: dict[str, list[float]]) -
     rows = []
     for a, b in pairs:
         w = welch_test(values[a], values[b])
-        rows.append({"a": a, "b": b, "n_a": len(values[a]), "n_b": len(values[b]), "diff": w.diff, "low": w.low,
-                     "high": w.high, "p": w.p})  # fmt: skip
+        row = {"a": a, "b": b, "n_a": len(values[a]), "n_b": len(values[b])}
+        rows.append({**row, "diff": w.diff, "low": w.low, "high": w.high, "p": w.p})
     for row, adjusted in zip(rows, holm([r["p"] for r in rows]), strict=True):
         row["p_holm"] = adjusted
     return rows
@@ -163,17 +176,24 @@ def pairwise_markdown(tests: dict[str, list[dict]], what: str) -> str:
         rows = tests.get(name, [])
         if not rows:
             continue
-        lines += [f"{title}, {what} (two-sided Welch, Holm-corrected across the {len(rows)} comparisons):", "",
-                  "| comparison | n | difference [95% CI] | p | p (Holm) |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"{title}, {what} (two-sided Welch, Holm-corrected across the {len(rows)} comparisons):",
+            "",
+            "| comparison | n | difference [95% CI] | p | p (Holm) |",
+            "|---|---|---|---|---|",
+        ]
         for r in rows:
-            lines.append(f"| {r['a']} - {r['b']} | {r['n_a']} / {r['n_b']} | {r['diff']:+.3f} [{r['low']:+.3f}, "
-                         f"{r['high']:+.3f}] | {r['p']:.3g} | {r['p_holm']:.3g} |")  # fmt: skip
+            lines.append(
+                f"| {r['a']} - {r['b']} | {r['n_a']} / {r['n_b']} | {r['diff']:+.3f} [{r['low']:+.3f}, "
+                f"{r['high']:+.3f}] | {r['p']:.3g} | {r['p_holm']:.3g} |"
+            )
         lines.append("")
     return "\n".join(lines) if lines else f"Pairwise tests on {what}: need at least 2 finished seeds a side."
 
 
 def gold_vs_sft(runs: dict[str, list[dict]]) -> list[dict]:
-    """Per method: window gold - SFT gold, and best-bin gold - SFT gold, with Welch 95% intervals over seeds."""
+    """Per method: window gold - SFT gold, and best-bin gold - SFT gold, with Welch 95% intervals over
+    seeds."""
     sft = [r["summary"]["gold"] for r in runs.get("sft", [])]
     sft_heldout = [r["heldout"].get("gold") for r in runs.get("sft", [])]
     out = []
@@ -225,8 +245,13 @@ def overoptimisation(runs: dict[str, list[dict]]) -> dict | None:
         sel = [i for i, p in enumerate(points) if p[0] == m]
         if len(sel) >= 3:
             per_method[m] = float(stats.spearmanr(kl[sel], gap[sel]).statistic)
-    return {"points": points, "rho": float(rho.statistic), "p": float(rho.pvalue), "per_method": per_method,
-            "sft": {"reward": p0, "gold": g0, "reward_std": ps, "gold_std": gs}}  # fmt: skip
+    return {
+        "points": points,
+        "rho": float(rho.statistic),
+        "p": float(rho.pvalue),
+        "per_method": per_method,
+        "sft": {"reward": p0, "gold": g0, "reward_std": ps, "gold_std": gs},
+    }
 
 
 def heldout_samples(runs: dict[str, list[dict]]) -> str:
@@ -240,25 +265,32 @@ def gold_markdown(rows: list[dict], over: dict | None, samples: str = "1") -> st
         return (
             "Gold vs the SFT policy: needs at least 2 finished seeds of the `sft` baseline and of a method."
         )
-    lines = ["| method | n | window gold - SFT gold [95% CI] | best bin (iterations) | best-bin gold - SFT gold "
-             "[95% CI] | held-out gold - SFT held-out gold [95% CI] |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| method | n | window gold - SFT gold [95% CI] | best bin (iterations) | best-bin gold - SFT gold "
+        "[95% CI] | held-out gold - SFT held-out gold [95% CI] |",
+        "|---|---|---|---|---|---|",
+    ]
     fmt = lambda t: f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"  # noqa: E731
     for r in rows:
         best = f"{r['best_bin'][0]}-{r['best_bin'][1]} | {fmt(r['best'])}" if "best" in r else "- | -"
         held = fmt(r["heldout"]) if "heldout" in r else "-"
         lines.append(f"| {r['method']} | {r['n']} | {fmt(r['window'])} | {best} | {held} |")
-    text = ("Gold minus the SFT policy's gold (n_sft = "
-            f"{rows[0]['n_sft']} evaluation seeds), Welch 95% interval over seeds. The window is fixed in advance; "
-            "the best bin is the 25-iteration bin with the highest seed-mean gold, chosen after seeing the curve "
-            "(an optimistic estimate). Held out: the same code on the same held-out prompts for the method and the "
-            f"SFT policy, {samples} sample(s) per prompt and seed.\n\n" + "\n".join(lines))  # fmt: skip
+    text = (
+        f"Gold minus the SFT policy's gold (n_sft = {rows[0]['n_sft']} evaluation seeds), Welch 95% interval "
+        "over seeds. The window is fixed in advance; the best bin is the 25-iteration bin with the highest "
+        "seed-mean gold, chosen after seeing the curve (an optimistic estimate). Held out: the same code on "
+        "the same held-out prompts for the method and the "
+        f"SFT policy, {samples} sample(s) per prompt and seed.\n\n" + "\n".join(lines)
+    )
     if over is not None:
         per = ", ".join(f"{m} {v:+.2f}" for m, v in over["per_method"].items())
-        text += (f"\n\nProxy-gold gap vs KL_ref: Spearman rho = {over['rho']:+.3f} (p = {over['p']:.2g}) over "
-                 f"{len(over['points'])} bins of {BIN} iterations of all online runs (bins of one run are not independent, so "
-                 f"the p-value is optimistic); per method: {per}. Gap = proxy "
-                 "shift - gold shift from the SFT policy, each in units of the SFT policy's per-sample std "
-                 f"(proxy {over['sft']['reward_std']:.3f}, gold {over['sft']['gold_std']:.3f}).")  # fmt: skip
+        text += (
+            f"\n\nProxy-gold gap vs KL_ref: Spearman rho = {over['rho']:+.3f} (p = {over['p']:.2g}) over "
+            f"{len(over['points'])} bins of {BIN} iterations of all online runs (bins of one run are not "
+            f"independent, so the p-value is optimistic); per method: {per}. Gap = proxy shift - gold shift "
+            "from the SFT policy, each in units of the SFT policy's per-sample std (proxy "
+            f"{over['sft']['reward_std']:.3f}, gold {over['sft']['gold_std']:.3f})."
+        )
     return text
 
 
@@ -328,8 +360,11 @@ def figures(runs: dict[str, list[dict]], out: str, over: dict | None = None) -> 
                     [np.sqrt(max(p[3], 0)) for p in pts], [p[4] for p in pts], color=f"C{i}", s=8, label=m
                 )
         axes[2].axhline(0, color="k", lw=0.5)
-        axes[2].set(xlabel="sqrt(KL_ref)", ylabel="proxy shift - gold shift (SFT std units)",
-                    title=f"proxy-gold gap (Spearman rho {over['rho']:+.2f})")  # fmt: skip
+        axes[2].set(
+            xlabel="sqrt(KL_ref)",
+            ylabel="proxy shift - gold shift (SFT std units)",
+            title=f"proxy-gold gap (Spearman rho {over['rho']:+.2f})",
+        )
     for ax in axes[:2]:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
@@ -361,9 +396,10 @@ def _per_run(rs: list[dict], key: str, fn) -> list[float]:
 
 
 def dynamics(runs: dict[str, list[dict]], window: tuple[int, int]) -> list[dict]:
-    """What a window mean hides, per online method (mean ± std over seeds of per-run values): KL_ref, KLhat_old
-    (methods that log it) and gold in the window, their maximum over all iterations and their mean over the first
-    ``EARLY`` iterations; and the learning rate in the window as a share of its peak (the schedule decays)."""
+    """What a window mean hides, per online method (mean ± std over seeds of per-run values): KL_ref,
+    KLhat_old (methods that log it) and gold in the window, their maximum over all iterations and their mean
+    over the first ``EARLY`` iterations; and the learning rate in the window as a share of its peak (the
+    schedule decays)."""
     lo, hi = window
     rows = []
     for m in ONLINE:
@@ -392,21 +428,31 @@ def _sci(ms) -> str:
 
 def dynamics_markdown(rows: list[dict], window: tuple[int, int]) -> str:
     lo, hi = window
-    lines = [f"Per online method, mean ± std over seeds of each run's value: in the window ({lo}-{hi}), the maximum "
-             f"over every iteration, and the mean over the first {EARLY} iterations; the learning rate decays "
-             "linearly to 0 (TRL's default schedule), its window mean as a share of its peak in the last column.", "",
-             "| method | n | KL_ref window / max / early | KLhat_old window / max / early | gold window / max / early | "
-             "learning rate in the window / peak |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "Per online method, mean ± std over seeds of each run's value: in the window "
+        f"({lo}-{hi}), the maximum over every iteration, and the mean over the first "
+        f"{EARLY} iterations; the learning rate decays linearly to 0 (TRL's default "
+        "schedule), its window mean as a share of its peak in the last column.",
+        "",
+        "| method | n | KL_ref window / max / early | KLhat_old window / max / early | "
+        "gold window / max / early | learning rate in the window / peak |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         fmt = {KL: lambda ms: _cell(ms, 4), KL_OLD: _sci, GOLD: lambda ms: _cell(ms, 3)}
-        cells = [" / ".join(fmt[k](r[k][part]) for part in ("window", "max", "early")) if r[k]["window"][2] else "-"
-                 for k in (KL, KL_OLD, GOLD)]  # fmt: skip
+        cells = [
+            " / ".join(fmt[k](r[k][part]) for part in ("window", "max", "early"))
+            if r[k]["window"][2]
+            else "-"
+            for k in (KL, KL_OLD, GOLD)
+        ]
         lines.append(f"| {r['method']} | {r['n']} | {' | '.join(cells)} | {_cell(r['lr_window_share'], 3)} |")
     return "\n".join(lines)
 
 
 def dynamics_figure(runs: dict[str, list[dict]], out: str) -> list[str]:
-    """KLhat_old per iteration (log scale; methods that log it) and the learning rate, mean ± std over seeds."""
+    """KLhat_old per iteration (log scale; methods that log it) and the learning rate, mean ± std over
+    seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -428,8 +474,8 @@ def dynamics_figure(runs: dict[str, list[dict]], out: str) -> list[str]:
             mu, sd = y.mean(0), y.std(0, ddof=1) if len(y) > 1 else np.zeros(len(xs))
             its = np.array(xs) + 1
             ax.plot(its, mu, color=f"C{i}", label=f"{m} (n={len(per_seed)})", lw=1)
-            ax.fill_between(its, np.maximum(mu - sd, mu * 0.1) if key == KL_OLD else mu - sd, mu + sd,
-                            color=f"C{i}", alpha=0.2)  # fmt: skip
+            low = np.maximum(mu - sd, mu * 0.1) if key == KL_OLD else mu - sd
+            ax.fill_between(its, low, mu + sd, color=f"C{i}", alpha=0.2)
     axes[0].set_yscale("log")
     axes[0].set_title("KLhat_old per iteration (mean ± 1 std over seeds)")
     axes[1].set_title("learning rate")
@@ -465,8 +511,11 @@ def build_report(
             {"rows": gold_rows, "overoptimisation": over and {k: v for k, v in over.items()}}, f, indent=2
         )
     samples = heldout_samples(runs)
-    tests = {"heldout_gold": pairwise(runs, "heldout", "gold"), "window_gold": pairwise(runs, "summary", "gold"),
-             "heldout_kl_ref": pairwise(runs, "heldout", "kl_ref")}  # fmt: skip
+    tests = {
+        "heldout_gold": pairwise(runs, "heldout", "gold"),
+        "window_gold": pairwise(runs, "summary", "gold"),
+        "heldout_kl_ref": pairwise(runs, "heldout", "kl_ref"),
+    }
     with open(os.path.join(out, "pairwise.json"), "w") as f:
         json.dump(tests, f, indent=2)
     window = _window_of(runs)
@@ -474,25 +523,27 @@ def build_report(
     with open(os.path.join(out, "dynamics.json"), "w") as f:
         json.dump(dyn, f, indent=2)
     figs = (figures(runs, out, over) + dynamics_figure(runs, out)) if plots else []
-    text = "\n".join([
-        "# RLHF comparison vs the paper (Sec. 7.3)", "",
-        f"Command: `python recipes/rlhf_report.py {results} --out {out}`. Mean ± sample std (ddof 1) over n finished "
-        f"seeds; window = the preset's summary window; held-out = {samples} sample(s) per held-out prompt after training "
-        "(same reward model, gold rule and KL_ref estimator for every method). The paper's reward column is its "
-        "improvement over the initial policy on a different model and reward model: compare orderings, not values.",
-        "", markdown(rows), "", "## What the gold score adds", "", gold_markdown(gold_rows, over, samples), "",
-        "## Pairwise tests", "", pairwise_markdown(tests["heldout_gold"], "held-out gold"), "",
-        pairwise_markdown(tests["window_gold"], "window gold"), "",
-        pairwise_markdown(tests["heldout_kl_ref"], "held-out KL_ref"), "",
-        "## Training dynamics (what the window means hide)", "", dynamics_markdown(dyn, window), "",
-        *[f"![{f}]({f})" for f in figs], "",
-    ])  # fmt: skip
+    intro = (
+        f"Command: `python recipes/rlhf_report.py {results} --out {out}`. Mean ± sample std (ddof 1) over n "
+        f"finished seeds; window = the preset's summary window; held-out = {samples} sample(s) per held-out "
+        "prompt after training (same reward model, gold rule and KL_ref estimator for every method). The "
+        "paper's reward column is its improvement over the initial policy on a different model and reward "
+        "model: compare orderings, not values."
+    )
+    sections = ["# RLHF comparison vs the paper (Sec. 7.3)", "", intro, "", markdown(rows), ""]
+    sections += ["## What the gold score adds", "", gold_markdown(gold_rows, over, samples), ""]
+    sections += ["## Pairwise tests", "", pairwise_markdown(tests["heldout_gold"], "held-out gold"), ""]
+    sections += [pairwise_markdown(tests["window_gold"], "window gold"), ""]
+    sections += [pairwise_markdown(tests["heldout_kl_ref"], "held-out KL_ref"), ""]
+    sections += ["## Training dynamics (what the window means hide)", "", dynamics_markdown(dyn, window), ""]
+    sections += [*[f"![{f}]({f})" for f in figs], ""]
+    text = "\n".join(sections)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(text)
     return text
 
 
-# --- issue 25's studies: the results root holds tune/, final/, frontier/ and reuse/ (recipes/rlhf_suite.py) ---
+# --- issue 25's studies: the results root holds tune/, final/, frontier/ and reuse/ (recipes/rlhf_suite.py)
 
 
 def window_mean(run: dict, key: str) -> float | None:
@@ -509,18 +560,27 @@ def load_suite(root: str, suite: str) -> dict[str, list[dict]]:
 
 
 def study_points(
-    suite: str, varied: dict[str, list[dict]], final: dict[str, list[dict]], settings: dict[str, tuple[str, ...]],
-    base: str, tag: str,
-) -> list[dict]:  # fmt: skip
-    """One point per method x setting: the varied suite's ``<method>__<tag><value>`` runs, and at the base value
-    the final suite's runs of the method (same rate and seeds). Mean +- sample std over seeds of the window and
-    held-out numbers, and the per-seed values for the tests."""
+    suite: str,
+    varied: dict[str, list[dict]],
+    final: dict[str, list[dict]],
+    settings: dict[str, tuple[str, ...]],
+    base: str,
+    tag: str,
+) -> list[dict]:
+    """One point per method x setting: the varied suite's ``<method>__<tag><value>`` runs, and at the base
+    value the final suite's runs of the method (same rate and seeds). Mean +- sample std over seeds of the
+    window and held-out numbers, and the per-seed values for the tests."""
     points = []
     for m, values in settings.items():
         for v in sorted({*values, base}, key=float):
             rs = final.get(m, []) if v == base else varied.get(f"{m}__{tag}{v}", [])
-            point = {"method": m, "value": v, "n": len(rs), "seeds": [r["seed"] for r in rs],
-                     "source": "final" if v == base else suite}  # fmt: skip
+            point = {
+                "method": m,
+                "value": v,
+                "n": len(rs),
+                "seeds": [r["seed"] for r in rs],
+                "source": "final" if v == base else suite,
+            }
             for name, get in {
                 "gold": lambda r: r["heldout"].get("gold"),
                 "kl_ref": lambda r: r["heldout"].get("kl_ref"),
@@ -552,10 +612,10 @@ def _interpolate(curve: list[tuple[float, float]], kl: float) -> float | None:
 def frontier_interpolation(
     points: list[dict], a: str, b: str, n_boot: int = 10_000, seed: int = 0
 ) -> list[dict]:
-    """At each of ``b``'s points, ``a``'s held-out gold linearly interpolated at ``b``'s held-out KL_ref on the
-    seed-mean curve of ``a`` (only inside ``a``'s KL range): a positive difference = ``a``'s frontier above. The
-    95% interval resamples the seeds of every point with replacement (percentile bootstrap; resamples whose KL
-    falls outside ``a``'s range are dropped, and ``inside`` says what share was kept)."""
+    """At each of ``b``'s points, ``a``'s held-out gold linearly interpolated at ``b``'s held-out KL_ref on
+    the seed-mean curve of ``a`` (only inside ``a``'s KL range): a positive difference = ``a``'s frontier
+    above. The 95% interval resamples the seeds of every point with replacement (percentile bootstrap;
+    resamples whose KL falls outside ``a``'s range are dropped, and ``inside`` says what share was kept)."""
     mine = [p for p in points if p["method"] == a and p["n"] > 0]
     curve = [(p["kl_ref"][0], p["gold"][0]) for p in mine]
     rng = np.random.default_rng(seed)
@@ -570,8 +630,9 @@ def frontier_interpolation(
     for p in (p for p in points if p["method"] == b and p["n"] > 0):
         kl, gold = p["kl_ref"][0], p["gold"][0]
         other = _interpolate(curve, kl)
-        row = {"at": b, "value": p["value"], "n": p["n"], "kl_ref": kl, "gold": gold, "interpolated": other,
-               "difference": None if other is None else other - gold, "low": None, "high": None, "inside": 0.0}  # fmt: skip
+        difference = None if other is None else other - gold
+        row = {"at": b, "value": p["value"], "n": p["n"], "kl_ref": kl, "gold": gold, "interpolated": other}
+        row |= {"difference": difference, "low": None, "high": None, "inside": 0.0}
         if other is not None and all(q["n"] >= 2 for q in [*mine, p]):
             curves = [resampled(q) for q in mine]
             b_kl, b_gold = resampled(p)
@@ -591,9 +652,9 @@ def reuse_tests(
     points: list[dict], a: str = "rgpo", key: str = "gold", base: str | None = None
 ) -> list[dict]:
     """At each num_iterations but ``base`` (whose comparisons, over all methods, are the final suite's), ``a``
-    against every other method on held-out ``key`` (two-sided Welch, Holm over the comparisons at that value), and
-    each method's change from the fewest to the most reuses (Welch): "does RGPO degrade more gracefully than
-    clipping as samples get staler?" """
+    against every other method on held-out ``key`` (two-sided Welch, Holm over the comparisons at that value),
+    and each method's change from the fewest to the most reuses (Welch): "does RGPO degrade more gracefully
+    than clipping as samples get staler?" """
     by = {(p["method"], p["value"]): p[f"{key}_values"] for p in points if p["n"] >= 2}
     values = sorted({v for _, v in by}, key=float)
     rows = []
@@ -606,16 +667,16 @@ def reuse_tests(
         for m in dict.fromkeys(m for m, _ in by):
             if (m, first) in by and (m, last) in by:
                 w = welch_test(by[(m, last)], by[(m, first)])
-                diff, low, high, p = w.diff, w.low, w.high, w.p
-                rows.append({"kind": "change", "value": f"{first}->{last}", "a": m, "b": m, "n_a": len(by[(m, last)]),
-                             "n_b": len(by[(m, first)]), "diff": diff, "low": low, "high": high, "p": p,
-                             "p_holm": None})  # fmt: skip
+                row = {"kind": "change", "value": f"{first}->{last}", "a": m, "b": m}
+                row |= {"n_a": len(by[(m, last)]), "n_b": len(by[(m, first)])}
+                row |= {"diff": w.diff, "low": w.low, "high": w.high, "p": w.p, "p_holm": None}
+                rows.append(row)
     return rows
 
 
 def _point_row(p: dict, cols: list[str], digits: int = 3) -> str:
-    """Cells of a study point: "not run" without runs, "n/a" where the method does not log the metric, KLhat_old
-    (1e-7 at one reuse) in scientific notation."""
+    """Cells of a study point: "not run" without runs, "n/a" where the method does not log the metric,
+    KLhat_old (1e-7 at one reuse) in scientific notation."""
 
     def cell(c: str) -> str:
         mean, std, n = p[c]
@@ -633,49 +694,74 @@ def _point_row(p: dict, cols: list[str], digits: int = 3) -> str:
 def study_markdown(
     frontier: list[dict], reuse: list[dict], between: list[dict], tests: list[dict] = ()
 ) -> str:
-    lines = ["## KL frontiers (beta_ref)", "",
-             "Held-out: 64 test prompts x the runs' samples per prompt after training; window: iterations 300-400 "
-             "on the training prompts. The base beta_ref (the preset's) is the final suite's runs.", "",
-             "| method | beta_ref | n | held-out gold | held-out KL_ref | held-out proxy | window gold | window KL_ref |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "## KL frontiers (beta_ref)",
+        "",
+        "Held-out: 64 test prompts x the runs' samples per prompt after training; window: iterations 300-400 "
+        "on the training prompts. The base beta_ref (the preset's) is the final suite's runs.",
+        "",
+        "| method | beta_ref | n | held-out gold | held-out KL_ref | held-out proxy | window gold | "
+        "window KL_ref |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     cols = ["gold", "kl_ref", "reward", "window_gold", "window_kl_ref"]
     for p in frontier:
         lines.append(f"| {p['method']} | {p['value']} | {p['n']} | {_point_row(p, cols)} |")
     if any(b["interpolated"] is not None for b in between):
-        lines += ["", "RGPO's frontier at PPO-RLHF's points (RGPO's seed-mean held-out gold interpolated at the "
-                  "PPO point's held-out KL_ref; only inside RGPO's KL range; 95% interval: seeds resampled within "
-                  "every point, 10,000 times). Reading rule, fixed before the frontier runs: RGPO's frontier lies "
-                  "above (below) PPO-RLHF's at a point where the interval excludes 0 on the positive (negative) "
-                  "side; otherwise no significant difference there.", "",
-                  "| PPO beta_ref | PPO KL_ref | PPO gold | RGPO gold at that KL_ref | RGPO - PPO | 95% interval | "
-                  "resamples inside RGPO's range |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "RGPO's frontier at PPO-RLHF's points (RGPO's seed-mean held-out gold interpolated at the "
+            "PPO point's held-out KL_ref; only inside RGPO's KL range; 95% interval: seeds resampled within "
+            "every point, 10,000 times). Reading rule, fixed before the frontier runs: RGPO's frontier lies "
+            "above (below) PPO-RLHF's at a point where the interval excludes 0 on the positive (negative) "
+            "side; otherwise no significant difference there.",
+            "",
+            "| PPO beta_ref | PPO KL_ref | PPO gold | RGPO gold at that KL_ref | RGPO - PPO | 95% interval | "
+            "resamples inside RGPO's range |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for b in between:
             rg = "outside RGPO's range" if b["interpolated"] is None else f"{b['interpolated']:.3f}"
             diff = "-" if b["difference"] is None else f"{b['difference']:+.3f}"
             ci = "-" if b["low"] is None else f"[{b['low']:+.3f}, {b['high']:+.3f}]"
-            lines.append(f"| {b['value']} | {b['kl_ref']:.3f} | {b['gold']:.3f} | {rg} | {diff} | {ci} | "
-                         f"{b['inside']:.0%} |")  # fmt: skip
-    lines += ["", "## Batch reuse (num_iterations)", "",
-              "Window means (iterations 300-400) over seeds; KLhat_old, kl_coef and the rejected fraction are RGPO's "
-              "own statistics (rgpo/*); the clipped fraction is the clip methods' clip_ratio/region_mean. The "
-              "base num_iterations (the preset's) is the final suite's runs.", "",
-              "| method | num_iterations | n | held-out gold | held-out KL_ref | window proxy | KLhat_old | kl_coef | "
-              "rejected frac | clipped frac |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            lines.append(
+                f"| {b['value']} | {b['kl_ref']:.3f} | {b['gold']:.3f} | {rg} | {diff} | {ci} | "
+                f"{b['inside']:.0%} |"
+            )
+    lines += [
+        "",
+        "## Batch reuse (num_iterations)",
+        "",
+        "Window means (iterations 300-400) over seeds; KLhat_old, kl_coef and the rejected fraction are "
+        "RGPO's own statistics (rgpo/*); the clipped fraction is the clip methods' clip_ratio/region_mean. "
+        "The base num_iterations (the preset's) is the final suite's runs.",
+        "",
+        "| method | num_iterations | n | held-out gold | held-out KL_ref | window proxy | KLhat_old | "
+        "kl_coef | rejected frac | clipped frac |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    reuse_cols = ["gold", "kl_ref", "window_reward", "kl_old", "kl_coef", "rejected_frac", "clip_frac"]
     for p in reuse:
-        lines.append(f"| {p['method']} | {p['value']} | {p['n']} | "
-                     f"{_point_row(p, ['gold', 'kl_ref', 'window_reward', 'kl_old', 'kl_coef', 'rejected_frac', 'clip_frac'])} |")  # fmt: skip
+        lines.append(f"| {p['method']} | {p['value']} | {p['n']} | {_point_row(p, reuse_cols)} |")
     if tests:
-        lines += ["", "Held-out gold: RGPO against each method at every num_iterations but the preset's (there, the "
-                  "final comparison's tests), two-sided Welch, Holm over the comparisons at that value; and each "
-                  "method's change from the fewest to the most reuses (Welch). Reading rule, fixed before the reuse "
-                  "runs: RGPO degrades more gracefully than a method if at the most reuses it is above it (Holm "
-                  "p < 0.05); otherwise no significant difference.", "",
-                  "| num_iterations | comparison | difference | Welch 95% CI | p | Holm p |", "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "Held-out gold: RGPO against each method at every num_iterations but the preset's (there, the "
+            "final comparison's tests), two-sided Welch, Holm over the comparisons at that value; and each "
+            "method's change from the fewest to the most reuses (Welch). Reading rule, fixed before the "
+            "reuse runs: RGPO degrades more gracefully than a method if at the most reuses it is above it "
+            "(Holm p < 0.05); otherwise no significant difference.",
+            "",
+            "| num_iterations | comparison | difference | Welch 95% CI | p | Holm p |",
+            "|---|---|---|---|---|---|",
+        ]
         for t in tests:
             what = f"{t['a']} - {t['b']}" if t["kind"] == "vs" else f"{t['a']}: most - fewest reuses"
             holm_p = "-" if t["p_holm"] is None else f"{t['p_holm']:.3g}"
-            lines.append(f"| {t['value']} | {what} | {t['diff']:+.3f} | [{t['low']:+.3f}, {t['high']:+.3f}] | "
-                         f"{t['p']:.3g} | {holm_p} |")  # fmt: skip
+            lines.append(
+                f"| {t['value']} | {what} | {t['diff']:+.3f} | [{t['low']:+.3f}, {t['high']:+.3f}] | "
+                f"{t['p']:.3g} | {holm_p} |"
+            )
     return "\n".join(lines)
 
 
@@ -693,9 +779,10 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
         for ax, (x, y) in zip(axes, (("kl_ref", "gold"), ("window_kl_ref", "window_reward")), strict=True):
             if not pts:
                 continue
-            ax.errorbar([p[x][0] for p in pts], [p[y][0] for p in pts],
-                        xerr=[np.nan_to_num(p[x][1]) for p in pts], yerr=[np.nan_to_num(p[y][1]) for p in pts],
-                        fmt="-o", color=colour[m], ms=4, lw=1, capsize=2, label=m)  # fmt: skip
+            xerr = [np.nan_to_num(p[x][1]) for p in pts]
+            yerr = [np.nan_to_num(p[y][1]) for p in pts]
+            style = {"fmt": "-o", "color": colour[m], "ms": 4, "lw": 1, "capsize": 2, "label": m}
+            ax.errorbar([p[x][0] for p in pts], [p[y][0] for p in pts], xerr=xerr, yerr=yerr, **style)
             for p in pts:
                 ax.annotate(
                     f"{p['value']}", (p[x][0], p[y][0]), fontsize=6, xytext=(3, 3), textcoords="offset points"
@@ -709,16 +796,21 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
             ax.legend(fontsize=7)
     written.append(_save(fig, out, "frontier.png"))
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
-    panels = [("gold", "held-out gold"), ("kl_ref", "held-out KL_ref"), ("window_reward", "window proxy reward"),
-              ("kl_old", "KLhat_old (window)"), ("rejected_frac", "rejected fraction (RGPO) "),
-              ("clip_frac", "clipped fraction (clip methods)")]  # fmt: skip
+    panels = [
+        ("gold", "held-out gold"),
+        ("kl_ref", "held-out KL_ref"),
+        ("window_reward", "window proxy reward"),
+        ("kl_old", "KLhat_old (window)"),
+        ("rejected_frac", "rejected fraction (RGPO) "),
+        ("clip_frac", "clipped fraction (clip methods)"),
+    ]
     for ax, (key, title) in zip(axes.flat, panels, strict=True):
         for m in dict.fromkeys(p["method"] for p in reuse):
             pts = [p for p in reuse if p["method"] == m and p["n"] > 0 and p[key][2] > 0]
             if pts:
-                ax.errorbar([int(p["value"]) for p in pts], [p[key][0] for p in pts],
-                            yerr=[np.nan_to_num(p[key][1]) for p in pts], fmt="-o", color=colour[m], ms=4, lw=1,
-                            capsize=2, label=m)  # fmt: skip
+                yerr = [np.nan_to_num(p[key][1]) for p in pts]
+                style = {"fmt": "-o", "color": colour[m], "ms": 4, "lw": 1, "capsize": 2, "label": m}
+                ax.errorbar([int(p["value"]) for p in pts], [p[key][0] for p in pts], yerr=yerr, **style)
         ax.set(xscale="log", xlabel="num_iterations (reuses of a generation batch)", title=title)
         ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
         if key == "kl_old":
@@ -726,11 +818,18 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     written.append(_save(fig, out, "reuse.png"))
-    # along training, per reuse count: does the pi_old gate or the controller start to act as samples get staler?
+    # along training, per reuse count: does the pi_old gate or the controller start to act as samples get
+    # staler?
     methods = list(dict.fromkeys(p["method"] for p in reuse))
-    panels = [(PROXY, "proxy reward"), (GOLD, "gold"), (KL, "KL_ref"), ("rgpo/kl_old", "KLhat_old"),
-              ("rgpo/rejected_frac", "rejected fraction"), ("clip_ratio/region_mean", "clipped fraction"),
-              ("rgpo/kl_coef", "kl_coef")]  # fmt: skip
+    panels = [
+        (PROXY, "proxy reward"),
+        (GOLD, "gold"),
+        (KL, "KL_ref"),
+        ("rgpo/kl_old", "KLhat_old"),
+        ("rgpo/rejected_frac", "rejected fraction"),
+        ("clip_ratio/region_mean", "clipped fraction"),
+        ("rgpo/kl_coef", "kl_coef"),
+    ]
     fig, axes = plt.subplots(
         len(methods), len(panels), figsize=(3 * len(panels), 2.4 * len(methods)), squeeze=False
     )
@@ -740,8 +839,9 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
                 curves = [binned(r, key) for r in p["runs"]]
                 xs = common_bins(curves)
                 if xs:
-                    ax.plot(np.array(xs) * BIN + (BIN + 1) / 2, [np.mean([c[b] for c in curves]) for b in xs],
-                            color=f"C{i}", lw=1, label=f"{p['value']} (n={p['n']})")  # fmt: skip
+                    means = [np.mean([c[b] for c in curves]) for b in xs]
+                    label = f"{p['value']} (n={p['n']})"
+                    ax.plot(np.array(xs) * BIN + (BIN + 1) / 2, means, color=f"C{i}", lw=1, label=label)
             ax.set_title(f"{m}: {title}", fontsize=8)
             ax.tick_params(labelsize=6)
             if not ax.lines:
@@ -766,9 +866,13 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
     from rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, REUSE, REUSE_BASE
 
     os.makedirs(out, exist_ok=True)
-    parts = ["# RLHF studies (issue 25): tuning, final comparison, KL frontiers, batch reuse", "",
-             f"Command: `python recipes/rlhf_report.py {root} --studies --out {out}`; every number below is "
-             "regenerated from the committed runs by it.", ""]  # fmt: skip
+    parts = [
+        "# RLHF studies (issue 25): tuning, final comparison, KL frontiers, batch reuse",
+        "",
+        f"Command: `python recipes/rlhf_report.py {root} --studies --out {out}`; every number below is "
+        "regenerated from the committed runs by it.",
+        "",
+    ]
     selection = os.path.join(root, "tune", "selection.md")
     if os.path.exists(selection):
         with open(selection) as f:
@@ -777,9 +881,11 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
     final_runs = load_suite(root, "final")  # read once: the final report's runs and both studies' base point
     if os.path.isdir(final):
         text = build_report(final, os.path.join(final, "report"), plots, final_runs)
-        parts += ["## Final comparison (selected rates)", "",
-                  f"Full table and figures: [final/report/report.md]({os.path.relpath(os.path.join(final, 'report', 'report.md'), out)}).", "",
-                  text.split("## Pairwise tests", 1)[1].split("![", 1)[0].strip() if "## Pairwise tests" in text else "", ""]  # fmt: skip
+        link = os.path.relpath(os.path.join(final, "report", "report.md"), out)
+        after = text.split("## Pairwise tests", 1)[1] if "## Pairwise tests" in text else ""
+        parts += ["## Final comparison (selected rates)", ""]
+        parts += [f"Full table and figures: [final/report/report.md]({link}).", ""]
+        parts += [after.split("![", 1)[0].strip(), ""]
     frontier = study_points(
         "frontier", load_suite(root, "frontier"), final_runs, FRONTIER_BETAS, FRONTIER_BASE, "beta"
     )
@@ -788,8 +894,8 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
     tests = reuse_tests(reuse, base=REUSE_BASE)
     with open(os.path.join(out, "studies.json"), "w") as f:
         strip = lambda pts: [{k: v for k, v in p.items() if k != "runs"} for p in pts]  # noqa: E731
-        json.dump({"frontier": strip(frontier), "rgpo_at_ppo": between, "reuse": strip(reuse), "reuse_tests": tests},
-                  f, indent=2)  # fmt: skip
+        studies = {"frontier": strip(frontier), "rgpo_at_ppo": between, "reuse": strip(reuse)}
+        json.dump({**studies, "reuse_tests": tests}, f, indent=2)
     parts += [study_markdown(frontier, reuse, between, tests), ""]
     missing = [f"{p['source']}: {p['method']} at {p['value']}" for p in frontier + reuse if p["n"] == 0]
     if missing:
@@ -807,8 +913,11 @@ def main(argv=None) -> None:
     p.add_argument("results")
     p.add_argument("--out", default=None)
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--studies", action="store_true",
-                   help="RESULTS is the root holding tune/ final/ frontier/ reuse/: write issue 25's study report")  # fmt: skip
+    p.add_argument(
+        "--studies",
+        action="store_true",
+        help="RESULTS is the root holding tune/ final/ frontier/ reuse/: write issue 25's study report",
+    )
     a = p.parse_args(argv)
     build = build_studies if a.studies else build_report
     print(build(a.results, a.out or os.path.join(a.results, "report"), not a.no_plot))

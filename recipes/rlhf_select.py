@@ -3,9 +3,10 @@
     python recipes/rlhf_select.py results/rlhf/tune      # -> selection.json and selection.md in that folder
 
 The rule (issue 25, set in `recipes/rlhf_suite.py` before any tuning run): for every method, the learning rate
-whose run has the highest mean gold score on the 256 validation prompts (held out of the training split; never the
-test prompts), averaged over the evaluations at iterations 325, 350, 375 and 400 (validation.json). A method is
-selected only when all of its rates have finished; the table lists every method x rate with its value.
+whose run has the highest mean gold score on the 256 validation prompts (held out of the training split; never
+the test prompts), averaged over the evaluations at iterations 325, 350, 375 and 400 (validation.json). A
+method is selected only when all of its rates have finished; the table lists every method x rate with its
+value.
 """
 
 from __future__ import annotations
@@ -32,27 +33,36 @@ CRITERION = "gold"  # validation.json's mean gold over the window evaluations
 
 
 def protocol(tune_dir: str) -> dict:
-    """The tuning suite a folder holds: its rates, seed and rule (the v2 and v3 `tune` suites, the demo's rate)."""
+    """The tuning suite a folder holds: its rates, seed and rule (the v2 and v3 `tune` suites, the demo's
+    rate)."""
     path = os.path.normpath(tune_dir)
     if os.path.basename(path) == "demo-lr":
-        return {"rates": {"rgpo": DEMO_RATES}, "seed": DEMO_SEED,
-                "criterion": f"mean validation {CRITERION} at iteration 60 (64 prompts of tiny-hh/validation, world "
-                "v3, 2 samples each), highest wins"}  # fmt: skip
+        criterion = (
+            f"mean validation {CRITERION} at iteration 60 (64 prompts of tiny-hh/validation, world v3, "
+            "2 samples each), highest wins"
+        )
+        return {"rates": {"rgpo": DEMO_RATES}, "seed": DEMO_SEED, "criterion": criterion}
     v3 = os.path.basename(os.path.dirname(path)) == "v3"
-    validation = ("256 prompts of tiny-hh/validation, world v3: questions no training prompt contains"
-                  if v3 else "256 training-split prompts held out")  # fmt: skip
+    validation = (
+        "256 prompts of tiny-hh/validation, world v3: questions no training prompt contains"
+        if v3
+        else "256 training-split prompts held out"
+    )
     criterion = (
         f"mean validation {CRITERION} at iterations 325-400 ({validation}, 2 samples each), highest wins"
     )
     if v3:
-        criterion += ("; a method best at its grid's lowest (highest) rate gets one run a grid step below (above) "
-                      "and is selected over the extended grid, one extension at most")  # fmt: skip
+        criterion += (
+            "; a method best at its grid's lowest (highest) rate gets one run a grid step below (above) "
+            "and is selected over the extended grid, one extension at most"
+        )
     rates = TUNE_RATES_V3 if v3 else TUNE_RATES
     return {"rates": rates, "seed": TUNE_SEED, "edges": EDGE_RATES if v3 else {}, "criterion": criterion}
 
 
 def select(tune_dir: str) -> dict:
-    """Every method x rate with the criterion (None if not finished) and, when all rates finished, the choice."""
+    """Every method x rate with the criterion (None if not finished) and, when all rates finished, the
+    choice."""
     methods, proto = {}, protocol(tune_dir)
     for method, grid in proto["rates"].items():
         rates = tune_grid(tune_dir, method, grid, proto.get("edges", {}).get(method))

@@ -41,26 +41,30 @@ class RLHFRun:
         return f"{self.method}__{self.tag}__s{self.seed}" if self.tag else f"{self.method}__s{self.seed}"
 
     def command(self, out: str) -> list[str]:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               os.path.join(ROOT, "recipes", "accelerate_configs", "cpu.yaml"), RECIPE,
-               "--config", os.path.join(ROOT, self.config), "--method", self.method, "--seed", str(self.seed),
-               "--output_dir", out, "--save_final_model", "false", "--disable_tqdm", "true", *self.extra]  # fmt: skip
-        checkpoints = sorted(
-            (d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d.split("-")[1])
-        ) if os.path.isdir(out) else []  # fmt: skip
+        accelerate_config = os.path.join(ROOT, "recipes", "accelerate_configs", "cpu.yaml")
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate_config, RECIPE]
+        config = os.path.join(ROOT, self.config)
+        cmd += ["--config", config, "--method", self.method, "--seed", str(self.seed)]
+        cmd += ["--output_dir", out, "--save_final_model", "false", "--disable_tqdm", "true", *self.extra]
+        checkpoints = []
+        if os.path.isdir(out):
+            names = [d for d in os.listdir(out) if d.startswith("checkpoint-")]
+            checkpoints = sorted(names, key=lambda d: int(d.split("-")[1]))
         if checkpoints:
             cmd += ["--resume_from_checkpoint", os.path.join(out, checkpoints[-1])]
         return cmd
 
 
-# the SFT baseline (no training) is evaluated on 512 training prompts instead of 64: it is the reference of every
-# method's window gold, so its sampling noise should be small; held out, on the same 64 prompts as the others
+# the SFT baseline (no training) is evaluated on 512 training prompts instead of 64: it is the reference of
+# every method's window gold, so its sampling noise should be small; held out, on the same 64 prompts as the
+# others
 SFT_EXTRA = ("--train_eval_prompts", "512")
 
-# Issue 25's protocol, fixed before any of its runs. Every method gets the same learning-rate grid search (three
-# rates, seed 100, which no later suite uses); the choice is the rate with the highest mean gold on 256 validation
-# prompts (the last 256 of the training split, held out of training in every suite below; 2 samples each),
-# evaluated at iterations 325, 350, 375 and 400 (`recipes/rlhf_select.py`). The test prompts are not used to choose.
+# Issue 25's protocol, fixed before any of its runs. Every method gets the same learning-rate grid search
+# (three rates, seed 100, which no later suite uses); the choice is the rate with the highest mean gold on 256
+# validation prompts (the last 256 of the training split, held out of training in every suite below; 2 samples
+# each), evaluated at iterations 325, 350, 375 and 400 (`recipes/rlhf_select.py`). The test prompts are not
+# used to choose.
 PAPER = "recipes/configs/hh_rlhf_tiny_paper.yaml"
 ONLINE = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"]
 TUNE_RATES = {**{m: ("5e-5", "1e-4", "2e-4") for m in ONLINE}, "dpo": ("1e-5", "3e-5", "1e-4")}
@@ -78,20 +82,22 @@ REUSE_BASE = "2"  # the preset's num_iterations: the final suite's runs
 
 
 def selected_rates(results: str, world: str = "") -> dict[str, str]:
-    """The learning rate chosen per method by the tuning suite (``<results>/[<world>/]tune/selection.json``); the
-    suites that use it refuse to start without it."""
+    """The learning rate chosen per method by the tuning suite (``<results>/[<world>/]tune/selection.json``);
+    the suites that use it refuse to start without it."""
     path = os.path.join(results, world, "tune", "selection.json")
     if not os.path.exists(path):
-        raise SystemExit(f"{path} is missing: run `python recipes/rlhf_suite.py {world}tune` and "
-                         f"`python recipes/rlhf_select.py {os.path.dirname(path)}` first")  # fmt: skip
+        raise SystemExit(
+            f"{path} is missing: run `python recipes/rlhf_suite.py {world}tune` and "
+            f"`python recipes/rlhf_select.py {os.path.dirname(path)}` first"
+        )
     with open(path) as f:
         chosen = {m: row["selected_lr"] for m, row in json.load(f)["methods"].items()}
     return {m: lr for m, lr in chosen.items() if lr is not None}  # a method with an unfinished rate waits
 
 
 def read_validation(run_dir: str) -> dict | None:
-    """A tuning run's validation result (gold, reward, kl_ref over the window), None if it has not finished; a run
-    evaluated at other iterations than its config asks for is refused."""
+    """A tuning run's validation result (gold, reward, kl_ref over the window), None if it has not finished; a
+    run evaluated at other iterations than its config asks for is refused."""
     path = os.path.join(run_dir, "validation.json")
     if not os.path.exists(path):
         return None
@@ -107,8 +113,9 @@ def read_validation(run_dir: str) -> dict | None:
 def tune_grid(
     tune_dir: str, method: str, rates: tuple[str, ...], edges: tuple[str, str] | None
 ) -> tuple[str, ...]:
-    """A method's tuning rates (ascending): the grid, plus one rate beyond an edge once every grid rate has finished
-    and the best of them (highest validation gold) is the lowest or the highest; ``edges`` = (below, above)."""
+    """A method's tuning rates (ascending): the grid, plus one rate beyond an edge once every grid rate has
+    finished and the best of them (highest validation gold) is the lowest or the highest;
+    ``edges`` = (below, above)."""
     if edges is None:
         return rates
     scores = [read_validation(os.path.join(tune_dir, f"{method}__lr{lr}__s{TUNE_SEED}")) for lr in rates]
@@ -131,37 +138,56 @@ def _tune(results: str, world: str = "", config: str = PAPER) -> list[RLHFRun]:
 
 
 def _final(results: str, world: str = "", config: str = PAPER) -> list[RLHFRun]:
-    """Seed by seed (every method and the SFT baseline at seed 1, then seed 2, ...), so that an interrupted suite
-    leaves whole seeds, each with its baseline."""
+    """Seed by seed (every method and the SFT baseline at seed 1, then seed 2, ...), so that an interrupted
+    suite leaves whole seeds, each with its baseline."""
     lr, suite = selected_rates(results, world), f"{world}final"
-    return [RLHFRun(suite, m, s, config, (*SFT_EXTRA, *VALIDATION, *HELDOUT)) if m == "sft" else
-            RLHFRun(suite, m, s, config, ("--learning_rate", lr[m], *VALIDATION, *HELDOUT))
-            for s in range(1, 6) for m in [*ONLINE, "dpo", "sft"] if m in lr or m == "sft"]  # fmt: skip
+    return [
+        RLHFRun(suite, m, s, config, (*SFT_EXTRA, *VALIDATION, *HELDOUT))
+        if m == "sft"
+        else RLHFRun(suite, m, s, config, ("--learning_rate", lr[m], *VALIDATION, *HELDOUT))
+        for s in range(1, 6)
+        for m in [*ONLINE, "dpo", "sft"]
+        if m in lr or m == "sft"
+    ]
 
 
 def _frontier(results: str) -> list[RLHFRun]:
     lr = selected_rates(results)
-    return [RLHFRun("frontier", m, s, PAPER, ("--learning_rate", lr[m], "--beta", b, *VALIDATION, *HELDOUT),
-                    tag=f"beta{b}") for s in (1, 2, 3) for m, betas in FRONTIER_BETAS.items() if m in lr for b in betas]  # fmt: skip
+    runs = []
+    for s in (1, 2, 3):
+        for m, betas in FRONTIER_BETAS.items():
+            if m in lr:
+                for b in betas:
+                    extra = ("--learning_rate", lr[m], "--beta", b, *VALIDATION, *HELDOUT)
+                    runs.append(RLHFRun("frontier", m, s, PAPER, extra, tag=f"beta{b}"))
+    return runs
 
 
 def _reuse(results: str) -> list[RLHFRun]:
     lr = selected_rates(results)
-    return [RLHFRun("reuse", m, s, PAPER, ("--learning_rate", lr[m], "--num_iterations", k, *VALIDATION, *HELDOUT),
-                    tag=f"reuse{k}") for s in (1, 2, 3) for m, ks in REUSE.items() if m in lr for k in ks]  # fmt: skip
+    runs = []
+    for s in (1, 2, 3):
+        for m, ks in REUSE.items():
+            if m in lr:
+                for k in ks:
+                    extra = ("--learning_rate", lr[m], "--num_iterations", k, *VALIDATION, *HELDOUT)
+                    runs.append(RLHFRun("reuse", m, s, PAPER, extra, tag=f"reuse{k}"))
+    return runs
 
 
 # World v3 (disjoint test questions, well-formedness gold): the same protocol, fixed before its runs (the same
-# rate grids, seed, validation rule and test evaluation), with validation prompts from tiny-hh/validation (questions
-# no training prompt contains) instead of the last training prompts; results under results/rlhf/v3/.
+# rate grids, seed, validation rule and test evaluation), with validation prompts from tiny-hh/validation
+# (questions no training prompt contains) instead of the last training prompts; results under
+# results/rlhf/v3/.
 PAPER_V3 = "recipes/configs/hh_rlhf_tiny_paper_v3.yaml"
-# World v3's edge rule, fixed after 13 of its 21 tuning runs had finished and before the other 8: a method whose
-# best grid rate is the grid's lowest (highest) gets one more run a grid step below (above) it, at the tuning seed,
-# and is selected over the extended grid (`python recipes/rlhf_suite.py v3/tune` adds these runs once the grid has
-# finished). One extension at most: a method still best at the new edge is selected there and reported as such.
+# World v3's edge rule, fixed after 13 of its 21 tuning runs had finished and before the other 8: a method
+# whose best grid rate is the grid's lowest (highest) gets one more run a grid step below (above) it, at the
+# tuning seed, and is selected over the extended grid (`python recipes/rlhf_suite.py v3/tune` adds these runs
+# once the grid has finished). One extension at most: a method still best at the new edge is selected there
+# and reported as such.
 EDGE_RATES = {**{m: ("2.5e-5", "4e-4") for m in (*ONLINE, "cispo")}, "dpo": ("3e-6", "3e-4")}
-# cispo (the staleness study's off-policy peer) joins world v3's tuning after its selection was committed: the same
-# grid, seed, rule and edge rule; it is in no final suite.
+# cispo (the staleness study's off-policy peer) joins world v3's tuning after its selection was committed: the
+# same grid, seed, rule and edge rule; it is in no final suite.
 TUNE_RATES_V3 = {**{m: TUNE_RATES[m] for m in ONLINE}, "cispo": TUNE_RATES["rgpo"], "dpo": TUNE_RATES["dpo"]}
 
 # The staleness study (world v3), fixed and committed before any of its runs. Every method at its v3/tune
@@ -256,21 +282,29 @@ SUITE_BUILDERS = {
 }
 
 DEMO_RATES, DEMO_SEED = ("1e-4", "3e-4", "1e-3"), 1
+TINY = "recipes/configs/hh_rlhf_tiny.yaml"
+DEMO_EXTRA = ("--validation_dataset_name", "tiny-hh/validation", "--validation_prompts", "64")
+DEMO_EXTRA += ("--validation_samples", "2", "--validation_every", "15", "--heldout_compare_initial", "false")
+SMOKE_EXTRA = ("--num_rl_iterations", "2", "--max_completion_length", "8", "--heldout_prompts", "4")
+SMOKE_EXTRA += ("--save_strategy", "no")
 
 SUITES: dict[str, list[RLHFRun]] = {
-    "tiny-paper": [RLHFRun("tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml",
-                           SFT_EXTRA if m == "sft" else ()) for s in (1, 2, 3) for m in METHODS],
-    # the demo preset's learning rate (recipes/configs/hh_rlhf_tiny.yaml): rgpo, seed 1, three rates, chosen by the
-    # mean gold on 64 validation prompts of world v3 (2 samples each) at the end of the 60 iterations
-    "demo-lr": [RLHFRun("demo-lr", "rgpo", DEMO_SEED, "recipes/configs/hh_rlhf_tiny.yaml",
-                        ("--learning_rate", lr, "--validation_dataset_name", "tiny-hh/validation",
-                         "--validation_prompts", "64", "--validation_samples", "2", "--validation_every", "15",
-                         "--heldout_compare_initial", "false"), tag=f"lr{lr}") for lr in DEMO_RATES],
+    "tiny-paper": [
+        RLHFRun(
+            "tiny-paper", m, s, "recipes/configs/hh_rlhf_tiny_paper.yaml", SFT_EXTRA if m == "sft" else ()
+        )
+        for s in (1, 2, 3)
+        for m in METHODS
+    ],
+    # the demo preset's learning rate (recipes/configs/hh_rlhf_tiny.yaml): rgpo, seed 1, three rates, chosen
+    # by the mean gold on 64 validation prompts of world v3 (2 samples each) at the end of the 60 iterations
+    "demo-lr": [
+        RLHFRun("demo-lr", "rgpo", DEMO_SEED, TINY, ("--learning_rate", lr, *DEMO_EXTRA), tag=f"lr{lr}")
+        for lr in DEMO_RATES
+    ],
     # a minute: to try the runner (and for its test)
-    "smoke": [RLHFRun("smoke", m, 1, "recipes/configs/hh_rlhf_tiny.yaml",
-                      ("--num_rl_iterations", "2", "--max_completion_length", "8", "--heldout_prompts", "4",
-                       "--save_strategy", "no")) for m in ("rgpo", "dpo", "sft")],
-}  # fmt: skip
+    "smoke": [RLHFRun("smoke", m, 1, TINY, SMOKE_EXTRA) for m in ("rgpo", "dpo", "sft")],
+}
 
 
 def inside(path: str, root: str) -> bool:
@@ -285,11 +319,13 @@ def run_info(command: list[str]) -> dict:
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=10)
+        return proc.stdout.strip()
+
     try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None  # fmt: skip
-        dirty = bool(subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip())  # fmt: skip
+        commit = git("rev-parse", "HEAD") or None
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
     versions = {}
@@ -298,9 +334,15 @@ def run_info(command: list[str]) -> dict:
             versions[pkg] = version(pkg)
         except PackageNotFoundError:
             versions[pkg] = None
-    return {"command": [os.path.relpath(c, ROOT) if os.path.isabs(c) and inside(c, ROOT) else c for c in command],
-            "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
-            "platform": platform.platform(), "cpu_count": os.cpu_count(), "versions": versions}  # fmt: skip
+    return {
+        "command": [os.path.relpath(c, ROOT) if os.path.isabs(c) and inside(c, ROOT) else c for c in command],
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "versions": versions,
+    }
 
 
 def read_run_info(path: str) -> list[dict]:
@@ -329,9 +371,9 @@ def run_suite(
     poll: float = 2.0,
     keep_checkpoints: bool = False,
 ) -> list:
-    """Run the unfinished ``runs`` ``jobs`` at a time (rgpo_trl.job_queue); returns the failed ones with their exit
-    status. A finished run's Trainer checkpoints are deleted unless ``keep_checkpoints`` (its results are what
-    stays)."""
+    """Run the unfinished ``runs`` ``jobs`` at a time (rgpo_trl.job_queue); returns the failed ones with their
+    exit status. A finished run's Trainer checkpoints are deleted unless ``keep_checkpoints`` (its results are
+    what stays)."""
     from rgpo_trl.job_queue import run_queue
 
     out = {r: os.path.join(results, r.suite, r.name) for r in runs}
@@ -358,8 +400,11 @@ def run_suite(
                 if d.startswith("checkpoint-"):
                     shutil.rmtree(os.path.join(out[r], d))
         done = sum(finished(o) for o in out.values())
-        print(f"[{time.time() - start_time:7.0f}s] {'done' if ok else 'FAILED'} {r.suite}/{r.name}; "
-              f"{done}/{len(runs)} finished", flush=True)  # fmt: skip
+        print(
+            f"[{time.time() - start_time:7.0f}s] {'done' if ok else 'FAILED'} {r.suite}/{r.name}; "
+            f"{done}/{len(runs)} finished",
+            flush=True,
+        )
         return ok
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -1,9 +1,10 @@
-"""Every comparison the project reports, in one place: per-seed summaries, Welch tests, Holm's correction within a
-family, and the rliable protocol (IQM, probability of improvement, stratified bootstrap, performance profiles).
+"""Every comparison the project reports, in one place: per-seed summaries, Welch tests, Holm's correction
+within a family, and the rliable protocol (IQM, probability of improvement, stratified bootstrap, performance
+profiles).
 
-Definitions follow rliable (Agarwal et al., 2021), computed with numpy/scipy: rliable 1.2 needs ``arch < 8``, whose
-7.x releases fail to import with pandas 3, and pinning pandas < 3 for every user of the extra would cost more than
-these few functions. The tests check each against scipy or a hand computation.
+Definitions follow rliable (Agarwal et al., 2021), computed with numpy/scipy: rliable 1.2 needs ``arch < 8``,
+whose 7.x releases fail to import with pandas 3, and pinning pandas < 3 for every user of the extra would cost
+more than these few functions. The tests check each against scipy or a hand computation.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class Welch(NamedTuple):
 
 
 def welch(a, b, alternative: str = "two-sided") -> Welch:
-    """Welch's t-test of mean(a) against mean(b) (scipy's ``alternative``) with the 95% confidence interval of the
-    difference; nan below 2 values a side."""
+    """Welch's t-test of mean(a) against mean(b) (scipy's ``alternative``) with the 95% confidence interval of
+    the difference; nan below 2 values a side."""
     a, b = np.asarray(a, float), np.asarray(b, float)
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     diff = float(a.mean() - b.mean()) if len(a) and len(b) else float("nan")
@@ -54,8 +55,9 @@ def welch(a, b, alternative: str = "two-sided") -> Welch:
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values of one family (nan entries are not tests and stay nan): the k-th smallest
-    of m p-values becomes max over j <= k of min(1, (m - j + 1) p_(j)). Reject where adjusted p <= alpha."""
+    """Holm's step-down adjusted p-values of one family (nan entries are not tests and stay nan): the k-th
+    smallest of m p-values becomes max over j <= k of min(1, (m - j + 1) p_(j)). Reject where adjusted
+    p <= alpha."""
     p = np.asarray(pvalues, float)
     valid = np.flatnonzero(np.isfinite(p))
     out = np.full(len(p), np.nan)
@@ -77,7 +79,8 @@ def verdict(diff: float, p_adjusted: float, alpha: float = 0.05) -> str:
 
 
 def iqm(x) -> float:
-    """Interquartile mean: the mean of the middle 50% of the values (rliable's IQM, scipy's 25% trimmed mean)."""
+    """Interquartile mean: the mean of the middle 50% of the values (rliable's IQM, scipy's 25% trimmed
+    mean)."""
     return float(stats.trim_mean(np.asarray(x, float), 0.25))
 
 
@@ -110,8 +113,8 @@ class Profile(NamedTuple):
 def performance_profile(
     scores_per_env: Sequence[np.ndarray], taus: np.ndarray | None = None, n_boot: int = 2000, seed: int = 0
 ) -> Profile:
-    """rliable's run-score performance profile: per environment the fraction of its runs whose score exceeds tau,
-    averaged over environments (so an environment with more finished runs does not weigh more), with a
+    """rliable's run-score performance profile: per environment the fraction of its runs whose score exceeds
+    tau, averaged over environments (so an environment with more finished runs does not weigh more), with a
     stratified-bootstrap 95% band (runs resampled within each environment). Default taus span every run (from
     below the lowest score to above the highest), so no run falls off the axis."""
     groups = [np.asarray(s, float) for s in scores_per_env]
@@ -143,9 +146,9 @@ class RatioTest(NamedTuple):
 def ratio_difference_test(
     a_before, a_after, b_before, b_after, n_boot: int = 10_000, seed: int = 0
 ) -> RatioTest:
-    """Is arm a's retention mean(after) / mean(before) different from arm b's? Every one of the four samples is
-    resampled on its own (the denominators' sampling error counts, unlike dividing each run by a fixed mean);
-    nan (not tested) below 2 runs in any sample or where a 'before' mean is not positive."""
+    """Is arm a's retention mean(after) / mean(before) different from arm b's? Every one of the four samples
+    is resampled on its own (the denominators' sampling error counts, unlike dividing each run by a fixed
+    mean); nan (not tested) below 2 runs in any sample or where a 'before' mean is not positive."""
     xs = [np.asarray(x, float) for x in (a_before, a_after, b_before, b_after)]
     xs = [x[np.isfinite(x)] for x in xs]
     nan = float("nan")

@@ -25,9 +25,9 @@ def test_suite_runs_skips_and_resumes(tmp_path, quick_assets):
 
     suite = _load("rlhf_suite")
     extra = ("--tiny_quick", "--cache_dir", str(assets_cache_root(quick_assets)))
-    runs = [suite.RLHFRun("t", "rgpo", 1, "recipes/configs/hh_rlhf_tiny.yaml",
-                          ("--num_rl_iterations", "3", "--max_completion_length", "8", "--heldout_prompts", "4",
-                           "--save_strategy", "steps", "--save_steps", "2"))]  # fmt: skip
+    options = ("--num_rl_iterations", "3", "--max_completion_length", "8", "--heldout_prompts", "4")
+    options += ("--save_strategy", "steps", "--save_steps", "2")
+    runs = [suite.RLHFRun("t", "rgpo", 1, "recipes/configs/hh_rlhf_tiny.yaml", options)]
     out = tmp_path / "t" / "rgpo__s1"
     assert suite.run_suite(runs, str(tmp_path), jobs=1, extra=extra, poll=0.5, keep_checkpoints=True) == []
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -66,9 +66,10 @@ def test_report_on_a_synthetic_results_folder(tmp_path):
             d.mkdir()
             (d / "summary.json").write_text(json.dumps({"reward": reward, "kl_ref": kl, "gold": gold}))
             (d / "heldout.json").write_text(json.dumps({"reward": reward + 1, "kl_ref": kl, "gold": gold}))
-            (d / "metrics.jsonl").write_text("".join(
-                json.dumps({"step": s, "iteration": s, "reward": reward * s, "kl_ref/monitor": kl}) + "\n"
-                for s in (1, 2, 3)))  # fmt: skip
+            rows = [
+                {"step": s, "iteration": s, "reward": reward * s, "kl_ref/monitor": kl} for s in (1, 2, 3)
+            ]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "ppo__s1").mkdir()  # unfinished: no summary / heldout
     rows = {r["method"]: r for r in report.table(report.load(str(tmp_path)))}
     assert rows["rgpo"]["n"] == 2 and rows["rgpo"]["reward"] == pytest.approx(
@@ -107,8 +108,16 @@ def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
         for it in range(1, 76):  # 3 bins of 25 iterations; gold peaks in the second bin
             b = (it - 1) // 25
             kl = 0.1 * (b + 1) + 0.01 * seed
-            rows.append({"iteration": it, "step": it, "reward": 40 * kl, "rewards/reward_model/mean": 40 * kl,
-                         "kl_ref/monitor": kl, "rewards/gold/mean": [1.5, 2.0 + 0.05 * seed, 1.2][b]})  # fmt: skip
+            rows.append(
+                {
+                    "iteration": it,
+                    "step": it,
+                    "reward": 40 * kl,
+                    "rewards/reward_model/mean": 40 * kl,
+                    "kl_ref/monitor": kl,
+                    "rewards/gold/mean": [1.5, 2.0 + 0.05 * seed, 1.2][b],
+                }
+            )
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     runs = report.load(str(tmp_path))
     (row,) = report.gold_vs_sft(runs)
@@ -133,8 +142,10 @@ def test_report_reads_the_same_rows_from_metrics_csv_as_from_metrics_jsonl(tmp_p
     """results/ keeps metrics.csv only; the report must read from it what the JSONL holds (empty cell: not
     logged at that step)."""
     report = _load("rlhf_report")
-    rows = [{"iteration": 1, "step": 1, "reward": 1.5, "kl_ref/monitor": 0.25},
-            {"iteration": 1, "step": 2, "loss": -0.125}]  # fmt: skip
+    rows = [
+        {"iteration": 1, "step": 1, "reward": 1.5, "kl_ref/monitor": 0.25},
+        {"iteration": 1, "step": 2, "loss": -0.125},
+    ]
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -183,8 +194,11 @@ def test_pairwise_tests_are_welch_with_holm_over_each_family(tmp_path):
     gold = {"sft": [1.0, 1.1, 0.9], "rgpo": [2.0, 2.2, 1.9], "ppo": [1.8, 2.1, 1.7], "grpo": [1.2, 1.0, 1.5]}
     for m, values in gold.items():
         for seed, g in enumerate(values, start=1):
-            _write_run(tmp_path / f"{m}__s{seed}", {"reward": 0.0, "kl_ref": 0.1, "gold": g},
-                       {"reward": 0.0, "kl_ref": 0.1 * seed, "gold": g, "samples_per_prompt": 4})  # fmt: skip
+            _write_run(
+                tmp_path / f"{m}__s{seed}",
+                {"reward": 0.0, "kl_ref": 0.1, "gold": g},
+                {"reward": 0.0, "kl_ref": 0.1 * seed, "gold": g, "samples_per_prompt": 4},
+            )
     tests = report.pairwise(report.load(str(tmp_path)), "heldout", "gold")
     assert [(r["a"], r["b"]) for r in tests["vs_sft"]] == [("rgpo", "sft"), ("ppo", "sft"), ("grpo", "sft")]
     assert [(r["a"], r["b"]) for r in tests["rgpo_vs"]] == [("rgpo", "ppo"), ("rgpo", "grpo")]
@@ -205,16 +219,21 @@ def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_pa
     for m, offset in (("rgpo", 2.0), ("ppo", 1.5)):
         for beta, kl in (("0.01", 0.6), ("0.05", 0.3), ("0.2", 0.1)):
             for seed in (1, 2):
-                d = tmp_path / ("final" if beta == "0.05" else "frontier") / (
-                    f"{m}__s{seed}" if beta == "0.05" else f"{m}__beta{beta}__s{seed}")  # fmt: skip
+                d = (
+                    tmp_path
+                    / ("final" if beta == "0.05" else "frontier")
+                    / (f"{m}__s{seed}" if beta == "0.05" else f"{m}__beta{beta}__s{seed}")
+                )
                 h = {"reward": 1.0, "kl_ref": kl, "gold": offset - kl}
                 _write_run(d, {**h, "window": [0, 2]}, h)
-    # reuse: rgpo at num_iterations 1 (reuse suite) and 2 (final, above); its KLhat_old comes from summary.json
+    # reuse: rgpo at num_iterations 1 (reuse suite) and 2 (final, above); its KLhat_old comes from
+    # summary.json
     for seed in (1, 2):
         rows = [{"iteration": i, "step": i, "rgpo/kl_coef": 0.01} for i in (1, 2)]
-        _write_run(tmp_path / "reuse" / f"rgpo__reuse1__s{seed}",
-                   {"reward": 1.0, "kl_ref": 0.2, "gold": 1.0, "kl_old": 1e-7 * seed, "kl_coef": 0.01,
-                    "rejected_frac": 0.0, "window": [0, 2]}, {"reward": 1.0, "kl_ref": 0.2, "gold": 1.0}, rows)  # fmt: skip
+        summary = {"reward": 1.0, "kl_ref": 0.2, "gold": 1.0, "kl_old": 1e-7 * seed, "kl_coef": 0.01}
+        summary |= {"rejected_frac": 0.0, "window": [0, 2]}
+        heldout = {"reward": 1.0, "kl_ref": 0.2, "gold": 1.0}
+        _write_run(tmp_path / "reuse" / f"rgpo__reuse1__s{seed}", summary, heldout, rows)
     text = report.build_studies(str(tmp_path), str(tmp_path / "report"))
     data = json.load(open(tmp_path / "report" / "studies.json"))
     rgpo = {p["value"]: p for p in data["frontier"] if p["method"] == "rgpo"}
@@ -230,10 +249,11 @@ def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_pa
     reuse1 = next(p for p in data["reuse"] if p["method"] == "rgpo" and p["value"] == "1")
     assert reuse1["kl_old"][0] == pytest.approx(1.5e-7) and reuse1["n"] == 2
     assert "Not run yet" in text and "reuse: grpo at 4" in text  # the reuse methods not run are listed
-    assert (
-        "| rgpo | 1 | 2 | 1.000 ± 0.000 | 0.200 ± 0.000 | 1.000 ± 0.000 | 1.50e-07 ± 7.1e-08 | 0.010 ± 0.000 |"
-        in text
+    reuse_row = (
+        "| rgpo | 1 | 2 | 1.000 ± 0.000 | 0.200 ± 0.000 | 1.000 ± 0.000 | 1.50e-07 ± 7.1e-08 "
+        "| 0.010 ± 0.000 |"
     )
+    assert reuse_row in text
     # num_iterations 2 is the final suite's rgpo runs, which log no KLhat_old, kl_coef or clip fraction here
     assert "| rgpo | 2 | 2 | 1.700 ± 0.000 | 0.300 ± 0.000 | 1.000 ± 0.000 | n/a | n/a | n/a | n/a |" in text
     assert "| grpo | 1 | 0 | not run |" in text
@@ -243,8 +263,15 @@ def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_pa
 
 
 def _point(method, value, kl, gold):
-    return {"method": method, "value": value, "n": len(gold), "kl_ref": (float(np.mean(kl)), 0.0, len(kl)),
-            "gold": (float(np.mean(gold)), 0.0, len(gold)), "kl_ref_values": kl, "gold_values": gold}  # fmt: skip
+    return {
+        "method": method,
+        "value": value,
+        "n": len(gold),
+        "kl_ref": (float(np.mean(kl)), 0.0, len(kl)),
+        "gold": (float(np.mean(gold)), 0.0, len(gold)),
+        "kl_ref_values": kl,
+        "gold_values": gold,
+    }
 
 
 def test_frontier_interval_resamples_seeds_of_both_methods():
@@ -252,8 +279,8 @@ def test_frontier_interval_resamples_seeds_of_both_methods():
 
     report = _load("rlhf_report")
     # RGPO's curve is noiseless (gold 2 - KL); PPO's point has KL 0.3 on both seeds and gold 1.0 or 1.4. A
-    # resample's PPO mean is 1.0 (p 1/4), 1.2 (1/2) or 1.4 (1/4), so the 2.5 / 97.5 percentiles are the extremes:
-    # RGPO's 1.7 minus 1.4 and minus 1.0
+    # resample's PPO mean is 1.0 (p 1/4), 1.2 (1/2) or 1.4 (1/4), so the 2.5 / 97.5 percentiles are the
+    # extremes: RGPO's 1.7 minus 1.4 and minus 1.0
     points = [_point("rgpo", v, [kl, kl], [2 - kl, 2 - kl]) for v, kl in (("a", 0.1), ("b", 0.6))]
     points.append(_point("ppo", "c", [0.3, 0.3], [1.0, 1.4]))
     (row,) = report.frontier_interpolation(points, "rgpo", "ppo", n_boot=4000)
@@ -271,8 +298,13 @@ def test_reuse_tests_are_welch_with_holm_at_each_reuse_count():
     from scipy import stats
 
     report = _load("rlhf_report")
-    gold = {("rgpo", "1"): [2.0, 2.1, 1.9], ("rgpo", "8"): [1.8, 1.9, 2.0], ("grpo", "1"): [1.9, 2.0, 2.2],
-            ("grpo", "8"): [1.2, 1.5, 1.3], ("ppo_clip_kl", "8"): [1.6, 1.7, 1.5]}  # fmt: skip
+    gold = {
+        ("rgpo", "1"): [2.0, 2.1, 1.9],
+        ("rgpo", "8"): [1.8, 1.9, 2.0],
+        ("grpo", "1"): [1.9, 2.0, 2.2],
+        ("grpo", "8"): [1.2, 1.5, 1.3],
+        ("ppo_clip_kl", "8"): [1.6, 1.7, 1.5],
+    }
     points = [_point(m, v, [0.1] * 3, g) for (m, v), g in gold.items()]
     rows = report.reuse_tests(points, base="1")
     # the base value's tests are the final suite's
@@ -304,11 +336,23 @@ def test_dynamics_table_reports_window_maximum_early_and_the_learning_rate_share
     report = _load("rlhf_report")
     n = 80
     for seed in (1, 2):
-        rows = [{"iteration": i, "step": i, "kl_ref/monitor": 0.001 * i * seed, "rgpo/kl_old_iteration": 1e-4 / i,
-                 "rewards/gold/mean": 1.0 + (i == 30) * seed, "learning_rate": 1e-4 * (1 - (i - 1) / n)}
-                for i in range(1, n + 1)]  # fmt: skip
-        _write_run(tmp_path / f"rgpo__s{seed}", {"reward": 0.0, "kl_ref": 0.1, "gold": 1.0, "window": [60, 80]},
-                   {"reward": 0.0, "kl_ref": 0.1, "gold": 1.0}, rows)  # fmt: skip
+        rows = [
+            {
+                "iteration": i,
+                "step": i,
+                "kl_ref/monitor": 0.001 * i * seed,
+                "rgpo/kl_old_iteration": 1e-4 / i,
+                "rewards/gold/mean": 1.0 + (i == 30) * seed,
+                "learning_rate": 1e-4 * (1 - (i - 1) / n),
+            }
+            for i in range(1, n + 1)
+        ]
+        _write_run(
+            tmp_path / f"rgpo__s{seed}",
+            {"reward": 0.0, "kl_ref": 0.1, "gold": 1.0, "window": [60, 80]},
+            {"reward": 0.0, "kl_ref": 0.1, "gold": 1.0},
+            rows,
+        )
     runs = report.load(str(tmp_path))
     assert report._window_of(runs) == (60, 80)
     (row,) = report.dynamics(runs, (60, 80))

@@ -1,5 +1,5 @@
-"""Issue 25's protocol: validation prompts held out of training, their window evaluation, the selection rule and
-the suites built from it."""
+"""Issue 25's protocol: validation prompts held out of training, their window evaluation, the selection rule
+and the suites built from it."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def test_window_evaluation_rows_resume_and_summary(tmp_path):
         return {"gold": float(seed), "reward": 1.0, "kl_ref": 0.5}
 
     def callback():
-        return WindowEvaluation(str(tmp_path / "v.jsonl"), str(tmp_path / "v.json"), ["p"], [2, 4, 6], 2,
-                                evaluate, seed=100)  # fmt: skip
+        return WindowEvaluation(
+            str(tmp_path / "v.jsonl"), str(tmp_path / "v.json"), ["p"], [2, 4, 6], 2, evaluate, seed=100
+        )
 
     def state(step):
         return SimpleNamespace(global_step=step, is_world_process_zero=True)
@@ -70,15 +71,16 @@ def test_selection_takes_the_highest_validation_gold_only_when_every_rate_finish
     import rlhf_select
     import rlhf_suite
 
+    def validation(gold):
+        return {"iterations": [325], "expected_iterations": [325], "gold": gold, "reward": 2.0, "kl_ref": 0.1}
+
     golds = {"5e-5": 1.0, "1e-4": 1.7, "2e-4": 1.2}
     for lr, gold in golds.items():
         d = tmp_path / f"rgpo__lr{lr}__s100"
         d.mkdir()
-        (d / "validation.json").write_text(json.dumps(
-            {"iterations": [325], "expected_iterations": [325], "gold": gold, "reward": 2.0, "kl_ref": 0.1}))  # fmt: skip
+        (d / "validation.json").write_text(json.dumps(validation(gold)))
     (tmp_path / "ppo__lr5e-5__s100").mkdir()  # ppo: nothing finished
-    (tmp_path / "ppo__lr5e-5__s100" / "validation.json").write_text(json.dumps(
-        {"iterations": [325], "expected_iterations": [325], "gold": 9.0, "reward": 2.0, "kl_ref": 0.1}))  # fmt: skip
+    (tmp_path / "ppo__lr5e-5__s100" / "validation.json").write_text(json.dumps(validation(9.0)))
     assert rlhf_select.main([str(tmp_path)]) == 0
     selection = json.load(open(tmp_path / "selection.json"))
     assert selection["methods"]["rgpo"]["selected_lr"] == "1e-4"
@@ -170,8 +172,8 @@ def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_p
 
 
 def test_staleness_suites_are_fixed_with_one_budget_per_level(tmp_path):
-    """stale_sync: 5 methods x S in {1, 4, 16}, seeds 1-3 / 1-3 / 1-5; stale_async: 3 methods x L in {1, 2, 8};
-    400 optimizer steps at every level, the window on steps 304-400, each method at its v3 rate."""
+    """stale_sync: 5 methods x S in {1, 4, 16}, seeds 1-3 / 1-3 / 1-5; stale_async: 3 methods x L in {1, 2,
+    8}; 400 optimizer steps at every level, the window on steps 304-400, each method at its v3 rate."""
     import rlhf_suite
 
     (tmp_path / "v3" / "tune").mkdir(parents=True)

@@ -54,10 +54,10 @@ class ReferenceKLMonitor:
     """Mixin: logs ``kl_ref/monitor`` = mean k3 KL(pi_old || pi_ref) over the completion tokens of each
     generation batch, for every method, with the reference log-probs TRL computes anyway.
 
-    TRL builds the reference model, and scores each generation batch under it, only when ``beta != 0``. A method
-    trained with beta = 0 (GRPO) is therefore built with ``monitor_beta`` and keeps beta = 0 for its loss; only
-    while a batch is generated and scored does it lend ``monitor_beta`` (`_scoring_reference`), and the
-    reference log-probs are dropped before the loss sees the batch: the loss is exactly GRPO's.
+    TRL builds the reference model, and scores each generation batch under it, only when ``beta != 0``. A
+    method trained with beta = 0 (GRPO) is therefore built with ``monitor_beta`` and keeps beta = 0 for its
+    loss; only while a batch is generated and scored does it lend ``monitor_beta`` (`_scoring_reference`), and
+    the reference log-probs are dropped before the loss sees the batch: the loss is exactly GRPO's.
     """
 
     monitor_beta = 1.0
@@ -121,8 +121,8 @@ PPO_METRICS = {"value_loss": "ppo/value_loss", "clipfrac": "ppo/clipfrac", "scor
 
 @dataclass(frozen=True)
 class RLHFMethod:
-    """A policy-loss method of the comparison: its trainer, its config class, the loss settings it applies over
-    the shared preset, and the metrics it adds to `BASE_METRICS`."""
+    """A policy-loss method of the comparison: its trainer, its config class, the loss settings it applies
+    over the shared preset, and the metrics it adds to `BASE_METRICS`."""
 
     name: str
     trainer_class: type[GRPOTrainer] | type[DPOTrainer] | None  # None: no training (the SFT baseline)
@@ -233,8 +233,8 @@ class IterationMetricsWriter(TrainerCallback):
         if state.is_world_process_zero:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             if os.path.exists(self.path):
-                # a fresh run starts over; a resumed run keeps the rows up to its checkpoint's step and appends
-                # (rows logged after the checkpoint by the interrupted run are logged again)
+                # a fresh run starts over; a resumed run keeps the rows up to its checkpoint's step and
+                # appends (rows logged after the checkpoint by the interrupted run are logged again)
                 kept = [r for r in read_metrics(self.path) if r["step"] <= state.global_step]
                 with open(self.path, "w") as f:
                     f.writelines(json.dumps(r) + "\n" for r in kept)
@@ -334,8 +334,8 @@ register_rlhf_method(RLHFMethod("sft", None, DPOConfig, {}, online=False))
 
 class QuietProgressCallback(ProgressCallback):
     """transformers' progress bar without its per-step metric dicts (35 keys every step): the recipe's console
-    shows the bar and `IterationMetricsWriter`'s compact table; every metric still goes to metrics.jsonl and the
-    ``report_to`` loggers."""
+    shows the bar and `IterationMetricsWriter`'s compact table; every metric still goes to metrics.jsonl and
+    the ``report_to`` loggers."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         pass
