@@ -140,9 +140,8 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
         self.gate = args.make_gate()
         self.kl_ctl = args.make_kl_controller()
         self.ref_model = self._load_reference(model) if args.needs_reference else None
-        self._step_kl = torch.zeros(
-            2, dtype=torch.float64
-        )  # global sum of KLhat_old and token count this step
+        # the global sum of KLhat_old over this optimizer step's trained tokens, and their number
+        self._step_kl = torch.zeros(2, dtype=torch.float64)
         self._micro_batches = 0
 
     def _load_reference(self, path: str) -> torch.nn.Module:
