@@ -1,4 +1,4 @@
-r"""A/B speed of the MuJoCo scripts against an earlier version of them (issue 23: moving the shared code into
+r"""A/B speed of the MuJoCo scripts against an earlier version of them (moving the shared code into
 mujoco_baselines/common.py must not slow the scripts down).
 
     python benchmarks/bench_mujoco_refactor.py --baseline-ref <git ref> --rounds 3 \
@@ -10,7 +10,7 @@ rounds) with ``--compile`` at width 256 on Hopper-v4 for ``--iterations`` iterat
 time per iteration is the median of ``iter_time`` over the iterations after the first two (compilation
 excluded); the reported ratio is the median over rounds of baseline time / current time (> 1: the current
 scripts are faster), beside the ratio of the two variants' medians over every timed iteration of every round
-(pooled). The issue's bar: ratio >= 0.97. Single iterations vary a lot on a shared VM even with nothing else
+(pooled). The bar: ratio >= 0.97. Single iterations vary a lot on a shared VM even with nothing else
 running (see the committed rounds), so use enough rounds and iterations, or count calls instead
 (count_mujoco_calls.py); pinning the benchmark to one core (``taskset -c 0``) keeps other work on the other
 cores out of it.

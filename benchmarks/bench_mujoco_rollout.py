@@ -1,4 +1,4 @@
-"""What a lighter per-step rollout path buys (the speed issue's rollout direction; the scripts use
+"""What a lighter per-step rollout path buys (a direction for faster rollouts; the scripts use
 `lean_no_modules`).
 
     python benchmarks/bench_mujoco_rollout.py --out benchmarks/results/mujoco_rollout

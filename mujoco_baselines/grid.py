@@ -71,8 +71,7 @@ def lag_variants(lag: int) -> tuple[tuple[str, tuple[str, ...]], ...]:
     )
 
 
-# The paper's experiments (issue: "Reproduce the paper's MuJoCo results at full scale"). Seeds, steps and
-# variants are fixed here, before any result is seen.
+# The paper's experiments at full scale. Seeds, steps and variants are fixed here, before any result is seen.
 PPO_KL_VARIANTS = (
     ("no_gradclip", ("--max-grad-norm", "0")),
     ("no_advnorm", ("--no-norm-adv",)),
@@ -116,7 +115,7 @@ SUITES: dict[str, list[Run]] = {
     ),
     "long": _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=3_000_000)
     + _grid("long", ["ppo", "rgpo"], ["HalfCheetah-v4"], [0, 1, 2], steps=6_000_000),
-    # Issue 24 ("Does RGPO beat PPO, and when?"), fixed before its runs; meant to run with --compile.
+    # "Does RGPO beat PPO, and when?", fixed before its runs; meant to run with --compile.
     # annealed5 adds seeds 3-4 to main's PPO/RGPO cells (seeds 0-2 are main's eager runs); constant_lr is the
     # paper's likely setting (no learning-rate annealing); kl_budget separates the gate from the trust-region
     # size: RGPO at larger KL targets, and PPO with CleanRL's KL early stop.
@@ -164,8 +163,8 @@ SUITES: dict[str, list[Run]] = {
         ),
         key=lambda run: (run.seed, "lag2" in run.variant),  # per seed, the stalest level first
     ),
-    # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (issue: "MuJoCo
-    # scripts twice as fast"; read by benchmarks/compile_equivalence.py)
+    # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (read by
+    # benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(
         "compile_equiv",
         ["ppo", "rgpo", "trpo", "awr"],

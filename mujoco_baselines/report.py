@@ -485,8 +485,9 @@ def status_md(runs) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- studies
-# Issue 24's three questions, read with one code path: each study is a set of arms (a method and the suites /
-# variants / seeds its runs come from), one reference arm, and the environments. Fixed before the runs.
+# The three "when does RGPO help?" questions, read with one code path: each study is a set of arms (a method
+# and the suites / variants / seeds its runs come from), one reference arm, and the environments. Fixed before
+# the runs.
 @dataclass(frozen=True)
 class Arm:
     label: str

@@ -2,7 +2,7 @@
 held-out evaluation the paper does not have, and the figures.
 
     python recipes/rlhf_report.py results/rlhf/tiny-paper [--out results/rlhf/tiny-paper/report]
-    python recipes/rlhf_report.py results/rlhf --studies   # issue 25: tune/ final/ frontier/ reuse/ together
+    python recipes/rlhf_report.py results/rlhf --studies   # tune/ final/ frontier/ reuse/ together
 
 Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.csv}`` (or ``metrics.jsonl``, the same
 rows; results/ keeps the CSV). Per method: mean +- sample std (ddof 1) over the finished seeds (n stated) of
@@ -543,7 +543,7 @@ def build_report(
     return text
 
 
-# --- issue 25's studies: the results root holds tune/, final/, frontier/ and reuse/ (recipes/rlhf_suite.py)
+# --- the studies: the results root holds tune/, final/, frontier/ and reuse/ (recipes/rlhf_suite.py)
 
 
 def window_mean(run: dict, key: str) -> float | None:
@@ -860,14 +860,14 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
 
 
 def build_studies(root: str, out: str, plots: bool = True) -> str:
-    """Issue 25's report: the tuning selection, the final comparison (its own report under final/report), the
-    beta_ref frontiers and the batch-reuse study, from the committed runs under ``root``."""
+    """The studies' report: the tuning selection, the final comparison (its own report under final/report),
+    the beta_ref frontiers and the batch-reuse study, from the committed runs under ``root``."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, REUSE, REUSE_BASE
 
     os.makedirs(out, exist_ok=True)
     parts = [
-        "# RLHF studies (issue 25): tuning, final comparison, KL frontiers, batch reuse",
+        "# RLHF studies: tuning, final comparison, KL frontiers, batch reuse",
         "",
         f"Command: `python recipes/rlhf_report.py {root} --studies --out {out}`; every number below is "
         "regenerated from the committed runs by it.",
@@ -916,7 +916,7 @@ def main(argv=None) -> None:
     p.add_argument(
         "--studies",
         action="store_true",
-        help="RESULTS is the root holding tune/ final/ frontier/ reuse/: write issue 25's study report",
+        help="RESULTS is the root holding tune/ final/ frontier/ reuse/: write the studies' report",
     )
     a = p.parse_args(argv)
     build = build_studies if a.studies else build_report

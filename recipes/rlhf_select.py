@@ -2,7 +2,7 @@
 
     python recipes/rlhf_select.py results/rlhf/tune      # -> selection.json and selection.md in that folder
 
-The rule (issue 25, set in `recipes/rlhf_suite.py` before any tuning run): for every method, the learning rate
+The rule (set in `recipes/rlhf_suite.py` before any tuning run): for every method, the learning rate
 whose run has the highest mean gold score on the 256 validation prompts (held out of the training split; never
 the test prompts), averaged over the evaluations at iterations 325, 350, 375 and 400 (validation.json). A
 method is selected only when all of its rates have finished; the table lists every method x rate with its

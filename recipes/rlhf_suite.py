@@ -60,7 +60,7 @@ class RLHFRun:
 # others
 SFT_EXTRA = ("--train_eval_prompts", "512")
 
-# Issue 25's protocol, fixed before any of its runs. Every method gets the same learning-rate grid search
+# The tuning protocol, fixed before any of its runs. Every method gets the same learning-rate grid search
 # (three rates, seed 100, which no later suite uses); the choice is the rate with the highest mean gold on 256
 # validation prompts (the last 256 of the training split, held out of training in every suite below; 2 samples
 # each), evaluated at iterations 325, 350, 375 and 400 (`recipes/rlhf_select.py`). The test prompts are not

@@ -1,5 +1,5 @@
-"""Issue 25's protocol: validation prompts held out of training, their window evaluation, the selection rule
-and the suites built from it."""
+"""The RLHF tuning protocol: validation prompts held out of training, their window evaluation, the selection
+rule and the suites built from it."""
 
 from __future__ import annotations
 
