@@ -29,10 +29,10 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as trl_async
 
 from ..core import ess_from_moments, rgpo_terms
+from ..trainer.trainer import KL_CONTROLLER_FILE  # one name for the file both trainers write
 from .config import AsyncRGPOConfig
 from .cpu import install_cpu_shims
 
-KL_CONTROLLER_FILE = "rgpo_kl_controller.json"
 VERSION_FILE = "async_rgpo_state.json"
 STALENESS_BUCKETS = ("0", "1", "2plus")  # weight versions behind: 0, 1, >= 2
 
