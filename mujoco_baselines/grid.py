@@ -214,11 +214,11 @@ def run_suites(
     backend: str = "local",
     ray_address: str | None = None,
 ) -> list[tuple[Run, int]]:
-    """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``, see rgpo_trl.job_queue); returns
+    """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``, see rgpo_lab.job_queue); returns
     the failed ones with their exit status."""
     from tqdm import tqdm
 
-    from rgpo_trl.job_queue import run_queue
+    from rgpo_lab.job_queue import run_queue
 
     run_dir = {r: os.path.join(results, r.suite, r.name) for r in runs}
     checkpoints = checkpoints or default_checkpoints()

@@ -1,4 +1,4 @@
-"""rgpo_trl.job_queue: N at a time, exit statuses, the suite's success check, logs, and stopping on
+"""rgpo_lab.job_queue: N at a time, exit statuses, the suite's success check, logs, and stopping on
 interrupt."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rgpo_trl.job_queue import run_queue
+from rgpo_lab.job_queue import run_queue
 
 
 def _job(tmp_path, name: str, seconds: float, code: int) -> list[str]:

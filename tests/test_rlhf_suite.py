@@ -1,11 +1,10 @@
-"""recipes/rlhf_suite.py: runs, skips finished runs, and resumes from a checkpoint without duplicated rows."""
+"""rgpo_lab/rlhf_suite.py: runs, skips finished runs, and resumes from a checkpoint without duplicated rows."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -13,11 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "recipes", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"rgpo_lab.{name}")
 
 
 def test_suite_runs_skips_and_resumes(tmp_path, quick_assets):

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "recipes"))
 
 
 def _prompts(texts):
@@ -68,8 +64,7 @@ def test_window_evaluation_rows_resume_and_summary(tmp_path):
 
 
 def test_selection_takes_the_highest_validation_gold_only_when_every_rate_finished(tmp_path):
-    import rlhf_select
-    import rlhf_suite
+    from rgpo_lab import rlhf_select, rlhf_suite
 
     def validation(gold):
         return {"iterations": [325], "expected_iterations": [325], "gold": gold, "reward": 2.0, "kl_ref": 0.1}
@@ -105,7 +100,7 @@ def test_selection_takes_the_highest_validation_gold_only_when_every_rate_finish
 
 
 def test_tuning_suite_is_fixed_and_uses_no_later_seed():
-    import rlhf_suite
+    from rgpo_lab import rlhf_suite
 
     runs = rlhf_suite.SUITE_BUILDERS["tune"]("unused")
     assert len(runs) == 6 * 3 + 3 and {r.seed for r in runs} == {rlhf_suite.TUNE_SEED}
@@ -113,7 +108,7 @@ def test_tuning_suite_is_fixed_and_uses_no_later_seed():
 
 
 def test_path_containment_is_not_a_string_prefix(tmp_path):
-    import rlhf_suite
+    from rgpo_lab import rlhf_suite
 
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj-cache").mkdir()
@@ -122,8 +117,7 @@ def test_path_containment_is_not_a_string_prefix(tmp_path):
 
 
 def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_path):
-    import rlhf_select
-    import rlhf_suite
+    from rgpo_lab import rlhf_select, rlhf_suite
 
     tune = tmp_path / "v3" / "tune"
 
@@ -174,7 +168,7 @@ def test_v3_edge_rule_extends_the_grid_once_and_selects_over_the_extension(tmp_p
 def test_staleness_suites_are_fixed_with_one_budget_per_level(tmp_path):
     """stale_sync: 5 methods x S in {1, 4, 16}, seeds 1-3 / 1-3 / 1-5; stale_async: 3 methods x L in {1, 2,
     8}; 400 optimizer steps at every level, the window on steps 304-400, each method at its v3 rate."""
-    import rlhf_suite
+    from rgpo_lab import rlhf_suite
 
     (tmp_path / "v3" / "tune").mkdir(parents=True)
     rates = {"rgpo": "5e-5", "rgpo_old": "1e-4", "grpo": "2.5e-5", "cispo": "1e-4", "sapo": "5e-5"}

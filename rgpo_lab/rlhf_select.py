@@ -1,8 +1,8 @@
 """Pick each RLHF method's learning rate from the tuning suite, by the rule fixed before its runs.
 
-    python recipes/rlhf_select.py results/rlhf/tune      # -> selection.json and selection.md in that folder
+    python -m rgpo_lab.rlhf_select results/rlhf/tune      # -> selection.json and selection.md in that folder
 
-The rule (set in `recipes/rlhf_suite.py` before any tuning run): for every method, the learning rate
+The rule (set in `rgpo_lab/rlhf_suite.py` before any tuning run): for every method, the learning rate
 whose run has the highest mean gold score on the 256 validation prompts (held out of the training split; never
 the test prompts), averaged over the evaluations at iterations 325, 350, 375 and 400 (validation.json). A
 method is selected only when all of its rates have finished; the table lists every method x rate with its
@@ -16,8 +16,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rlhf_suite import (
+from rgpo_lab.rlhf_suite import (
     DEMO_RATES,
     DEMO_SEED,
     EDGE_RATES,
@@ -27,7 +26,7 @@ from rlhf_suite import (
     RLHFRun,
     read_validation,
     tune_grid,
-)  # noqa: E402
+)
 
 CRITERION = "gold"  # validation.json's mean gold over the window evaluations
 
@@ -94,7 +93,7 @@ def to_markdown(selection: dict, folder: str = "results/rlhf/tune") -> str:
         "# Learning-rate selection (tuning suite)",
         "",
         f"Rule, fixed before the runs: {selection['criterion']}; one run per method x rate (seed "
-        f"{selection['seed']}, used by no other suite). Regenerate: `python recipes/rlhf_select.py "
+        f"{selection['seed']}, used by no other suite). Regenerate: `python -m rgpo_lab.rlhf_select "
         f"{folder}`.",
         "",
         "| method | lr | validation gold | validation proxy reward | validation KL_ref | selected |",
@@ -129,7 +128,9 @@ def main(argv=None) -> int:
     p.add_argument("tune_dir", help="the tuning suite's results, e.g. results/rlhf/tune")
     a = p.parse_args(argv)
     if not os.path.isdir(a.tune_dir):
-        p.error(f"tune_dir {a.tune_dir!r} is not a directory (run `python recipes/rlhf_suite.py tune` first)")
+        p.error(
+            f"tune_dir {a.tune_dir!r} is not a directory (run `python -m rgpo_lab.rlhf_suite tune` first)"
+        )
     selection = select(a.tune_dir)
     with open(os.path.join(a.tune_dir, "selection.json"), "w") as f:
         json.dump(selection, f, indent=2)

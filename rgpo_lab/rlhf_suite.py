@@ -1,9 +1,9 @@
 """Run the RLHF comparison as a suite: every method x seed through recipes/hh_rlhf_qwen.py, N at a time,
 finished runs skipped, interrupted runs resumed from their latest Trainer checkpoint.
 
-    python recipes/rlhf_suite.py tiny-paper --jobs 2          # 7 methods + the SFT baseline x 3 seeds
-    python recipes/rlhf_suite.py --list
-    python recipes/rlhf_report.py results/rlhf/tiny-paper     # the table and figures
+    python -m rgpo_lab.rlhf_suite tiny-paper --jobs 2          # 7 methods + the SFT baseline x 3 seeds
+    python -m rgpo_lab.rlhf_suite --list
+    python -m rgpo_lab.rlhf_report results/rlhf/tiny-paper     # the table and figures
 
 Each run writes ``results/rlhf/<suite>/<method>__s<seed>/``: metrics.jsonl / metrics.csv (per iteration),
 summary.json (window averages; for DPO its end-of-run evaluation), heldout.json (the shared held-out
@@ -63,7 +63,7 @@ SFT_EXTRA = ("--train_eval_prompts", "512")
 # The tuning protocol, fixed before any of its runs. Every method gets the same learning-rate grid search
 # (three rates, seed 100, which no later suite uses); the choice is the rate with the highest mean gold on 256
 # validation prompts (the last 256 of the training split, held out of training in every suite below; 2 samples
-# each), evaluated at iterations 325, 350, 375 and 400 (`recipes/rlhf_select.py`). The test prompts are not
+# each), evaluated at iterations 325, 350, 375 and 400 (`rgpo_lab/rlhf_select.py`). The test prompts are not
 # used to choose.
 PAPER = "recipes/configs/hh_rlhf_tiny_paper.yaml"
 ONLINE = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"]
@@ -87,8 +87,8 @@ def selected_rates(results: str, world: str = "") -> dict[str, str]:
     path = os.path.join(results, world, "tune", "selection.json")
     if not os.path.exists(path):
         raise SystemExit(
-            f"{path} is missing: run `python recipes/rlhf_suite.py {world}tune` and "
-            f"`python recipes/rlhf_select.py {os.path.dirname(path)}` first"
+            f"{path} is missing: run `python -m rgpo_lab.rlhf_suite {world}tune` and "
+            f"`python -m rgpo_lab.rlhf_select {os.path.dirname(path)}` first"
         )
     with open(path) as f:
         chosen = {m: row["selected_lr"] for m, row in json.load(f)["methods"].items()}
@@ -182,7 +182,7 @@ def _reuse(results: str) -> list[RLHFRun]:
 PAPER_V3 = "recipes/configs/hh_rlhf_tiny_paper_v3.yaml"
 # World v3's edge rule, fixed after 13 of its 21 tuning runs had finished and before the other 8: a method
 # whose best grid rate is the grid's lowest (highest) gets one more run a grid step below (above) it, at the
-# tuning seed, and is selected over the extended grid (`python recipes/rlhf_suite.py v3/tune` adds these runs
+# tuning seed, and is selected over the extended grid (`python -m rgpo_lab.rlhf_suite v3/tune` adds these runs
 # once the grid has finished). One extension at most: a method still best at the new edge is selected there
 # and reported as such.
 EDGE_RATES = {**{m: ("2.5e-5", "4e-4") for m in (*ONLINE, "cispo")}, "dpo": ("3e-6", "3e-4")}
@@ -371,10 +371,10 @@ def run_suite(
     poll: float = 2.0,
     keep_checkpoints: bool = False,
 ) -> list:
-    """Run the unfinished ``runs`` ``jobs`` at a time (rgpo_trl.job_queue); returns the failed ones with their
+    """Run the unfinished ``runs`` ``jobs`` at a time (rgpo_lab.job_queue); returns the failed ones with their
     exit status. A finished run's Trainer checkpoints are deleted unless ``keep_checkpoints`` (its results are
     what stays)."""
-    from rgpo_trl.job_queue import run_queue
+    from rgpo_lab.job_queue import run_queue
 
     out = {r: os.path.join(results, r.suite, r.name) for r in runs}
     todo = [r for r in runs if not finished(out[r])]

@@ -1,8 +1,8 @@
 """The paper's RLHF table (Sec. 7.3) beside ours, from a suite's results folder, plus the gold score and the
 held-out evaluation the paper does not have, and the figures.
 
-    python recipes/rlhf_report.py results/rlhf/tiny-paper [--out results/rlhf/tiny-paper/report]
-    python recipes/rlhf_report.py results/rlhf --studies   # tune/ final/ frontier/ reuse/ together
+    python -m rgpo_lab.rlhf_report results/rlhf/tiny-paper [--out results/rlhf/tiny-paper/report]
+    python -m rgpo_lab.rlhf_report results/rlhf --studies   # tune/ final/ frontier/ reuse/ together
 
 Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.csv}`` (or ``metrics.jsonl``, the same
 rows; results/ keeps the CSV). Per method: mean +- sample std (ddof 1) over the finished seeds (n stated) of
@@ -26,7 +26,6 @@ import argparse
 import csv
 import json
 import os
-import sys
 
 import numpy as np
 from scipy import stats
@@ -524,7 +523,7 @@ def build_report(
         json.dump(dyn, f, indent=2)
     figs = (figures(runs, out, over) + dynamics_figure(runs, out)) if plots else []
     intro = (
-        f"Command: `python recipes/rlhf_report.py {results} --out {out}`. Mean ± sample std (ddof 1) over n "
+        f"Command: `python -m rgpo_lab.rlhf_report {results} --out {out}`. Mean ± sample std (ddof 1) over n "
         f"finished seeds; window = the preset's summary window; held-out = {samples} sample(s) per held-out "
         "prompt after training (same reward model, gold rule and KL_ref estimator for every method). The "
         "paper's reward column is its improvement over the initial policy on a different model and reward "
@@ -543,7 +542,7 @@ def build_report(
     return text
 
 
-# --- the studies: the results root holds tune/, final/, frontier/ and reuse/ (recipes/rlhf_suite.py)
+# --- the studies: the results root holds tune/, final/, frontier/ and reuse/ (rgpo_lab/rlhf_suite.py)
 
 
 def window_mean(run: dict, key: str) -> float | None:
@@ -862,14 +861,13 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
 def build_studies(root: str, out: str, plots: bool = True) -> str:
     """The studies' report: the tuning selection, the final comparison (its own report under final/report),
     the beta_ref frontiers and the batch-reuse study, from the committed runs under ``root``."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, REUSE, REUSE_BASE
+    from rgpo_lab.rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, REUSE, REUSE_BASE
 
     os.makedirs(out, exist_ok=True)
     parts = [
         "# RLHF studies: tuning, final comparison, KL frontiers, batch reuse",
         "",
-        f"Command: `python recipes/rlhf_report.py {root} --studies --out {out}`; every number below is "
+        f"Command: `python -m rgpo_lab.rlhf_report {root} --studies --out {out}`; every number below is "
         "regenerated from the committed runs by it.",
         "",
     ]
