@@ -129,3 +129,40 @@ def test_fixed_controller_and_registry():
     assert set(KL_CONTROLLERS) >= {"adaptive", "fixed"}
     with pytest.raises(ValueError, match="kl_controller must be one of"):
         make_kl_controller("pid")
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def test_checkpoint_helpers_round_trip_and_refuse_naming_the_file(tmp_path):
+    """The file both trainers write: saved and restored exactly; a missing file warns and leaves the
+    controller as it is; a corrupt, non-object or mismatched file raises naming the file, controller
+    unchanged."""
+    import json
+    import re
+
+    from rgpo_trl.trainer.checkpoint import KL_CONTROLLER_FILE, load_kl_controller, save_kl_controller
+
+    ctl = AdaptiveKLController(kl_coef=0.5)
+    ctl.update(1.0)
+    save_kl_controller(ctl, str(tmp_path))
+    path = tmp_path / KL_CONTROLLER_FILE
+    restored = AdaptiveKLController(kl_coef=0.5)
+    assert load_kl_controller(restored, str(tmp_path)) is True
+    assert restored.state_dict() == ctl.state_dict() == json.loads(path.read_text())
+
+    fresh = AdaptiveKLController(kl_coef=0.5)
+    missing = re.escape(str(tmp_path / "nope" / KL_CONTROLLER_FILE))
+    with pytest.warns(UserWarning, match=f"{missing} not found: the KL-to-behaviour coefficient"):
+        assert load_kl_controller(fresh, str(tmp_path / "nope"), "KL-to-behaviour") is False
+    cases = {
+        "{not json": r"is not valid JSON .*: the checkpoint is corrupt",
+        "[1, 2]": "should hold a JSON object, found list",
+        json.dumps({**ctl.state_dict(), "controller": "fixed"}): "saved KL controller 'fixed' does not match",
+        json.dumps({**ctl.state_dict(), "kl_coef": 50.0}): r"saved kl_coef 50.0 is outside",
+        json.dumps({**ctl.state_dict(), "num_updates": -1}): "saved num_updates must be",
+    }
+    for text, message in cases.items():
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message) as err:
+            load_kl_controller(fresh, str(tmp_path))
+        assert str(path) in str(err.value)
+        assert fresh.state_dict() == AdaptiveKLController(kl_coef=0.5).state_dict()

@@ -350,6 +350,37 @@ def test_kl_coef_checkpoint_and_resume(model_path, tmp_path):
     assert resumed.kl_ctl.num_updates == 2
 
 
+def test_resume_refuses_a_corrupt_or_mismatched_kl_controller_file_and_warns_on_a_missing_one(
+    model_path, tmp_path
+):
+    """The same checkpoint rules as AsyncRGPOTrainer's (shared helpers): a corrupt or mismatched file is
+    refused naming it, before any step; a missing one warns and training continues from kl_coef."""
+    common = dict(learning_rate=1e-7, max_steps=2, save_strategy="steps", save_steps=2)
+    make_trainer(model_path, tmp_path / "full", **common).train()
+    ckpt = tmp_path / "full" / "checkpoint-2"
+    path = ckpt / KL_CONTROLLER_FILE
+    saved = json.loads(path.read_text())
+    resume = dict(common, max_steps=4, save_strategy="no")
+
+    path.write_text("{not json")
+    broken = make_trainer(model_path, tmp_path / "broken", **resume)
+    with pytest.raises(ValueError, match=f"{KL_CONTROLLER_FILE} is not valid JSON.*checkpoint is corrupt"):
+        broken.train(resume_from_checkpoint=str(ckpt))
+    assert broken.state.global_step == 2 and broken.kl_ctl.state_dict()["num_updates"] == 0  # no step ran
+
+    path.write_text(json.dumps({**saved, "controller": "fixed"}))
+    other = make_trainer(model_path, tmp_path / "other", **resume)
+    with pytest.raises(ValueError, match=f"{KL_CONTROLLER_FILE}: saved KL controller 'fixed' does not match"):
+        other.train(resume_from_checkpoint=str(ckpt))
+
+    path.unlink()
+    missing = make_trainer(model_path, tmp_path / "missing", **resume)
+    with pytest.warns(UserWarning, match=f"{KL_CONTROLLER_FILE} not found: the KL-to-old coefficient"):
+        missing.train(resume_from_checkpoint=str(ckpt))
+    # restarted at kl_coef = 0.5, then updated once, after the iteration of steps 3-4
+    assert missing.state.global_step == 4 and missing.kl_ctl.num_updates == 1
+
+
 # ---------------------------------------------------------------------------------------------- accumulation
 def test_gradient_accumulation_matches_larger_batch(model_path, tmp_path):
     """2 micro-batches of 4 completions accumulated == 1 batch of 8, with plain SGD (update = -lr * grad) and

@@ -16,7 +16,6 @@ is TRL's.
 
 from __future__ import annotations
 
-import json
 import os
 import textwrap
 import time
@@ -24,12 +23,17 @@ import warnings
 from typing import Any, NamedTuple
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as trl_async
 
 from ..core import ess_from_moments, rgpo_terms
-from ..trainer.trainer import KL_CONTROLLER_FILE  # one name for the file both trainers write
+from ..trainer.checkpoint import (  # one checkpoint format for both trainers
+    checkpoint_folder,
+    load_kl_controller,
+    read_json_state,
+    save_kl_controller,
+    write_json_state,
+)
 from .config import AsyncRGPOConfig
 from .cpu import install_cpu_shims
 
@@ -347,28 +351,17 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            with open(os.path.join(folder, KL_CONTROLLER_FILE), "w") as f:
-                json.dump(self.kl_ctl.state_dict(), f, indent=2)
-            with open(os.path.join(folder, VERSION_FILE), "w") as f:
-                json.dump({"model_version": self.model_version}, f, indent=2)
+            folder = checkpoint_folder(self, trial)
+            save_kl_controller(self.kl_ctl, folder)
+            write_json_state(os.path.join(folder, VERSION_FILE), {"model_version": self.model_version})
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, KL_CONTROLLER_FILE)
-        if not os.path.exists(path):
-            warnings.warn(
-                f"{path} not found: the KL-to-behaviour coefficient restarts at kl_coef={self.args.kl_coef}.",
-                stacklevel=2,
-            )
-            return
-        self.kl_ctl.load_state_dict(_read_json(path))
-        self._step_kl.zero_()
-        self._micro_batches = 0
+        if load_kl_controller(self.kl_ctl, checkpoint, "KL-to-behaviour"):
+            self._step_kl.zero_()
+            self._micro_batches = 0
 
     def _inner_training_loop(self, *args, **kwargs):
         checkpoint = kwargs.get("resume_from_checkpoint")
@@ -376,7 +369,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
         if checkpoint is not None and custom_worker and self.accelerator.is_main_process:
             path = os.path.join(checkpoint, VERSION_FILE)
             if os.path.exists(path):
-                version = _read_json(path).get("model_version")
+                version = read_json_state(path).get("model_version")
                 if not isinstance(version, int) or version < 0:
                     raise ValueError(f"{path}: model_version must be an integer >= 0, got {version!r}")
                 self.model_version = version
@@ -388,16 +381,3 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
                     stacklevel=2,
                 )
         return super()._inner_training_loop(*args, **kwargs)
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except ValueError as err:
-        raise ValueError(
-            f"{path} is not valid JSON ({err}): the checkpoint is corrupt; delete it or resume from another"
-        ) from err
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} should hold a JSON object, found {type(state).__name__}")
-    return state

@@ -27,20 +27,18 @@ controller state is written to ``rgpo_kl_controller.json`` in every checkpoint a
 
 from __future__ import annotations
 
-import json
-import os
 import textwrap
 import warnings
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from ..core import ess_from_moments, masked_mean, rgpo_diagnostics, rgpo_terms
+from .checkpoint import KL_CONTROLLER_FILE, checkpoint_folder, load_kl_controller, save_kl_controller
 from .config import RGPOConfig, micro_batches_per_iteration
 
-KL_CONTROLLER_FILE = "rgpo_kl_controller.json"
+__all__ = ["KL_CONTROLLER_FILE", "RGPOTrainer"]
 
 
 class RGPOTrainer(GRPOTrainer):
@@ -128,24 +126,13 @@ class RGPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            output_dir = os.path.join(self._get_output_dir(trial=trial), checkpoint_folder)
-            with open(os.path.join(output_dir, KL_CONTROLLER_FILE), "w") as f:
-                json.dump(self.kl_ctl.state_dict(), f, indent=2)
+            save_kl_controller(self.kl_ctl, checkpoint_folder(self, trial))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, KL_CONTROLLER_FILE)
-        if os.path.exists(path):
-            with open(path) as f:
-                self.kl_ctl.load_state_dict(json.load(f))
-        else:
-            warnings.warn(
-                f"{path} not found: the KL-to-old coefficient restarts at kl_coef={self.args.kl_coef}.",
-                stacklevel=2,
-            )
+        load_kl_controller(self.kl_ctl, checkpoint, "KL-to-old")
         # GRPOTrainer regenerates after a resume (its buffer is empty and its micro-batch counter restarts),
         # so a new iteration starts too.
         self._reset_iteration_stats()
