@@ -202,6 +202,10 @@ def main_returns_table(runs):
 
 def main_returns_md(t: pd.DataFrame) -> str:
     lines = [
+        "`main`'s eager runs (seeds 0-2, as the paper's 3 seeds; no deterministic evaluation): training return "
+        "(mean of the last 100 episodes). RGPO vs PPO: one-tailed Welch (H1: RGPO > PPO), as the paper, "
+        "uncorrected.",
+        "",
         "| env | "
         + " | ".join(f"{m.upper()} ours / paper" for m in METHODS)
         + " | RGPO vs PPO ours / paper | Welch t (df), p ours / paper |",
@@ -382,8 +386,55 @@ def long_table(runs):
     return rows
 
 
+def long_kl_table(runs) -> list[dict]:
+    """KL to pi_old of the long-horizon runs per method and budget, over every iteration of the cell's runs
+    (as kl_table): mean, max and spike rate by ``kl``, mean and spike rate by ``kl_final``."""
+    rows = []
+    for m in ("ppo", "rgpo"):
+        for budget in (1, 3, 6):
+            rs = _long_runs(runs, m, budget)
+            row = {"method": m, "budget": budget, "n": len(rs)}
+            if rs:
+                df = pd.concat([r.metrics for r in rs])
+                row.update(
+                    {
+                        "kl_mean": df["kl"].mean(),
+                        "kl_max": df["kl"].max(),
+                        "spike_rate": (df["kl"] > SPIKE_KL).mean(),
+                        "kl_final_mean": df["kl_final"].mean(),
+                        "spike_rate_final": (df["kl_final"] > SPIKE_KL).mean(),
+                    }
+                )
+            rows.append(row)
+    return rows
+
+
+def long_kl_md(rows) -> str:
+    lines = [
+        "KL to pi_old per budget, over every iteration of the cell's runs (spike: KL > 0.04):",
+        "",
+        "| method | budget | n | mean KL | max KL | spike rate | mean KL_final | spike rate (KL_final) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if not r["n"]:
+            lines.append(f"| {r['method']} | {r['budget']}M | 0 | not run | | | | |")
+            continue
+        lines.append(
+            f"| {r['method']} | {r['budget']}M | {r['n']} | {r['kl_mean']:.4f} | {r['kl_max']:.4f} | "
+            f"{r['spike_rate']:.0%} | {r['kl_final_mean']:.4f} | {r['spike_rate_final']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
 def long_md(rows):
-    lines = ["| method | 1M ours / paper | 3M ours / paper | 6M ours / paper |", "|---|---|---|---|"]
+    lines = [
+        "1M: `main`'s eager runs (seeds 0-2); 3M and 6M: the `long` suite (seeds 0-2, --compile). Training "
+        "return (mean of the last 100 episodes).",
+        "",
+        "| method | 1M ours / paper | 3M ours / paper | 6M ours / paper |",
+        "|---|---|---|---|",
+    ]
     for row in rows:
         cells = [
             f"{_fmt(*mean_std(row[f'{b}M']))} / {_paper_fmt(PAPER_LONG[row['method']][b])}" for b in (1, 3, 6)
@@ -1381,7 +1432,10 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
         ("Gate comparison, HalfCheetah-v4 (paper Ablation A)", gates_md(gates_t)),
         ("Gate sharpness k (paper Ablation B)", k_md),
         ("beta0 and target (paper Ablation F)", b_md),
-        ("Long horizon, HalfCheetah-v4 (paper Table longhorizon)", long_md(long_rows)),
+        (
+            "Long horizon, HalfCheetah-v4 (paper Table longhorizon)",
+            long_md(long_rows) + "\n\n" + long_kl_md(long_kl_table(runs)),
+        ),
         ("The PPO-KL question", ppo_kl_md(runs)),
         *((f"When does RGPO help? {name}", study_md(runs, study, n_boot)) for name, study in STUDIES.items()),
         ("Eager vs compiled, 1M steps (main vs main_compiled)", eager_vs_compiled_md(runs)),

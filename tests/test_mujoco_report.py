@@ -212,6 +212,30 @@ def test_long_horizon_table_welch_and_figure(tmp_path):
     assert os.path.getsize(os.path.join(out, "curves_long.png")) > 0
 
 
+def test_long_horizon_kl_table_pools_every_iteration_of_a_cell(tmp_path):
+    """The long-horizon KL table: per method and budget, mean / max / spike rate over every iteration of the
+    cell's finished runs (1M from `main`, 3M / 6M from `long`), by `kl` and by `kl_final`; an unfinished run
+    and another environment left out."""
+    root = str(tmp_path / "r")
+    for seed in range(3):
+        write_run(root, "main", "HalfCheetah-v4", "ppo", seed, 1000, [0.01, 0.05, 0.03, 0.1])
+    write_run(root, "long", "HalfCheetah-v4", "ppo", 0, 2000, [0.2, 0.02], steps=3_000_000)
+    write_run(root, "long", "HalfCheetah-v4", "ppo", 1, 2000, [0.3, 0.3], steps=6_000_000, finished=False)
+    write_run(root, "main", "Hopper-v4", "rgpo", 0, 3000, [0.5, 0.5])  # another env: not in the table
+    rows = {(r["method"], r["budget"]): r for r in report.long_kl_table(report.load_runs(root))}
+    one = rows[("ppo", 1)]
+    assert one["n"] == 3 and one["kl_mean"] == pytest.approx(0.0475) and one["kl_max"] == pytest.approx(0.1)
+    assert one["spike_rate"] == pytest.approx(0.5)  # 0.05 and 0.1 of [0.01, 0.05, 0.03, 0.1] exceed 0.04
+    assert one["kl_final_mean"] == pytest.approx(0.07125) and one["spike_rate_final"] == pytest.approx(0.75)
+    three = rows[("ppo", 3)]
+    assert three["n"] == 1 and three["kl_mean"] == pytest.approx(0.11) and three["spike_rate"] == 0.5
+    assert three["kl_final_mean"] == pytest.approx(0.165)  # 1.5 x [0.2, 0.02]
+    assert rows[("ppo", 6)]["n"] == 0 and rows[("rgpo", 1)]["n"] == 0
+    md = report.long_kl_md(list(rows.values()))
+    assert "| ppo | 1M | 3 | 0.0475 | 0.1000 | 50% | 0.0713 | 75% |" in md
+    assert "| ppo | 6M | 0 | not run | | | | |" in md
+
+
 def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
     """The 'annealed' study pools main_compiled's seeds 0-2 with annealed5's 3-4; training and evaluation
     returns, Welch two-sided against scipy, the std ratio, and the aggregate IQM / probability of improvement
