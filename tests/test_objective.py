@@ -381,3 +381,72 @@ def test_loss_without_diagnostics_is_the_same_loss_and_gradient(name, params, se
         assert bool(diag) == diagnostics
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
     assert torch.isfinite(results[0][1]).all()
+
+
+def _closed_form_diagnostics(logps, old, ref, mask, k, ratio_mode, sequence_level):
+    """The diagnostics written out for the sigmoid gate g(r) = 1 / (1 + exp(-k (r - 1))), w = k g (1 - g) r,
+    from the log-probs, with plain torch (no library code): token-weighted means over ``mask``, maxima over
+    the valid tokens; at sequence level the gated ratio is exp(masked mean of log r) per sequence."""
+
+    def mean(x):
+        x = x.expand_as(mask)
+        return (x * mask).sum() / mask.sum()
+
+    def seq(log_r):
+        return ((log_r * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)).exp()
+
+    r_old, r_ref = (logps - old).exp(), (logps - ref).exp()
+    g_old, g_ref = (seq(logps - old), seq(logps - ref)) if sequence_level else (r_old, r_ref)
+    r = {"old": g_old, "ref": g_ref, "dual": torch.maximum(g_old, g_ref)}[ratio_mode]
+    g = 1.0 / (1.0 + torch.exp(-k * (r - 1.0)))
+    w = k * g * (1.0 - g) * r
+    out = {
+        "gate_mean": mean(g),
+        "weight_mean": mean(w),
+        "weight_sq_mean": mean(w * w),
+        "kl_old": mean(r_old - 1.0 - (logps - old)),
+        "rejected_frac": mean((g < 0.1).double()),
+        "ratio_old_mean": mean(r_old),
+        "ratio_old_max": r_old[mask > 0].max(),
+        "kl_ref": mean(1.0 / r_ref - 1.0 + (logps - ref)),
+        "ratio_ref_mean": mean(r_ref),
+        "ratio_ref_max": r_ref[mask > 0].max(),
+    }
+    out["ess"] = out["weight_mean"] ** 2 / out["weight_sq_mean"]
+    if ratio_mode == "dual":
+        out["ref_ratio_larger_frac"] = mean((g_ref > g_old).double())
+    return out
+
+
+@pytest.mark.parametrize("ratio_mode", ["old", "ref", "dual"])
+@pytest.mark.parametrize("sequence_level", [False, True])
+def test_diagnostics_from_the_losss_log_ratios_equal_the_closed_form(ratio_mode, sequence_level):
+    """`log_ratio_diagnostics` of the log-ratios the loss formed (`rgpo_terms(...).log_ratios`, what both
+    trainers log) equal the diagnostics written out from the log-probs, on random float64 inputs with a ragged
+    mask, token- and sequence-level; `rgpo_diagnostics` (from the log-probs) gives the same."""
+    from rgpo_trl import log_ratio_diagnostics, rgpo_terms
+
+    gen = torch.Generator().manual_seed(5)
+    logps = (-2.0 + 0.5 * torch.randn(6, 9, generator=gen)).requires_grad_()
+    far = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0])[:, None]  # two rows with r ~ 1/e: the gate rejects
+    old = logps.detach() + far + 0.4 * torch.randn(6, 9, generator=gen)
+    ref = logps.detach() + far + 0.4 * torch.randn(6, 9, generator=gen)
+    mask = (torch.arange(9) < torch.tensor([9, 7, 5, 9, 3, 8])[:, None]).double()
+    gate = make_gate("sigmoid", k=5.0)
+    sequence_mask = mask if sequence_level else None
+    terms = rgpo_terms(
+        logps, old, torch.ones(6, 1), gate, ref_logps=ref, ratio_mode=ratio_mode, sequence_mask=sequence_mask
+    )
+    diag = log_ratio_diagnostics(terms.log_ratios, gate, mask=mask)
+    expected = _closed_form_diagnostics(logps.detach(), old, ref, mask, 5.0, ratio_mode, sequence_level)
+    assert set(diag) == set(expected)
+    assert 0.0 < expected["rejected_frac"] < 1.0  # the inputs exercise the rejection statistic
+    for key, value in expected.items():
+        torch.testing.assert_close(diag[key], value, rtol=1e-12, atol=1e-14, msg=key)
+        assert not diag[key].requires_grad
+    from_logps = rgpo_diagnostics(
+        logps, old, gate, ref_logps=ref, ratio_mode=ratio_mode, mask=mask, sequence_mask=sequence_mask
+    )
+    assert set(from_logps) == set(diag)
+    for key, value in diag.items():
+        assert torch.equal(from_logps[key], value), key

@@ -26,7 +26,7 @@ import torch
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as trl_async
 
-from ..core import ess_from_moments, rgpo_terms
+from ..core import ess_from_moments, per_element_diagnostics, rgpo_terms
 from ..trainer.checkpoint import (  # one checkpoint format for both trainers
     checkpoint_folder,
     load_kl_controller,
@@ -268,16 +268,15 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
     def _log_rgpo(self, terms, packed: PackedForward) -> None:
         """Global (all processes) token-weighted statistics of this micro-batch, as (sum, count) pairs that
         TRL's logger reduces over the logging window; maxima as maxima."""
-        lr = terms.log_ratios
-        g, w, r_old = self.gate.g(lr.gated), self.gate.w(lr.gated), torch.exp(lr.old)
+        e = per_element_diagnostics(terms.log_ratios, self.gate)  # the loss's log-ratios, not formed again
+        w, rejected, r_old = e["weight"].double(), e["rejected"].double(), e["ratio_old"]
         staleness = (self._published_version() - packed.versions).to(torch.float64)
-        one = torch.ones_like(g, dtype=torch.float64)
-        rejected = (g < 0.1).double()
+        one = torch.ones_like(w)
         sums = {
-            "rgpo/gate_mean": g.double(),
-            "rgpo/weight_mean": w.double(),
-            "rgpo/weight_sq_mean": (w * w).double(),
-            "rgpo/kl_old": terms.kl_old.detach().double(),
+            "rgpo/gate_mean": e["gate"].double(),
+            "rgpo/weight_mean": w,
+            "rgpo/weight_sq_mean": e["weight_sq"].double(),
+            "rgpo/kl_old": e["kl_old"].double(),
             "rgpo/rejected_frac": rejected,
             "rgpo/ratio_old_mean": r_old.double(),
             "rgpo/ratio_old_frac_above_1.2": (r_old > 1.2).double(),
@@ -285,15 +284,15 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             "entropy": packed.entropy.detach().double(),
             "staleness/mean": staleness,
         }
-        if lr.ref is not None:
-            sums["rgpo/kl_ref"] = terms.kl_ref.detach().double()
-            sums["rgpo/ratio_ref_mean"] = torch.exp(lr.ref).double()
-        if lr.ref_is_larger is not None:
-            sums["rgpo/ref_ratio_larger_frac"] = lr.ref_is_larger.double()
+        if "kl_ref" in e:
+            sums["rgpo/kl_ref"] = e["kl_ref"].double()
+            sums["rgpo/ratio_ref_mean"] = e["ratio_ref"].double()
+        if "ref_ratio_larger" in e:
+            sums["rgpo/ref_ratio_larger_frac"] = e["ref_ratio_larger"].double()
         buckets = [staleness == 0, staleness == 1, staleness >= 2]
         for name, in_bucket in zip(STALENESS_BUCKETS, buckets, strict=True):
             sums[f"rgpo/rejected_frac_staleness{name}"] = rejected * in_bucket
-            sums[f"rgpo/weight_mean_staleness{name}"] = w.double() * in_bucket
+            sums[f"rgpo/weight_mean_staleness{name}"] = w * in_bucket
             sums[f"staleness/tokens_{name}"] = one * in_bucket
         keys = list(sums)
         local = torch.stack(
@@ -315,13 +314,13 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             [
                 r_old.max(),
                 staleness.max().float(),
-                torch.exp(lr.ref).max() if lr.ref is not None else r_old.new_tensor(0.0),
+                e["ratio_ref"].max() if "ratio_ref" in e else r_old.new_tensor(0.0),
             ]
         )
         maxima = self.accelerator.gather(local_max[None].to(self.accelerator.device)).amax(0).tolist()
         metrics["rgpo/ratio_old_max"].append(maxima[0])
         metrics["staleness/max"].append(maxima[1])
-        if lr.ref is not None:
+        if "ratio_ref" in e:
             metrics["rgpo/ratio_ref_max"].append(maxima[2])
         mean_w, mean_w_sq = (
             totals[keys.index("rgpo/weight_mean")] / count,

@@ -144,7 +144,8 @@ def rgpo_loss(
     weights: torch.Tensor | None = None,
     diagnostics: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """RGPO loss (to minimise) and, with ``diagnostics``, `rgpo_diagnostics` of the same inputs.
+    """RGPO loss (to minimise) and, with ``diagnostics``, `rgpo_diagnostics` of the same inputs (from the
+    log-ratios the loss formed).
 
     Args:
         logps: log pi_theta of the taken actions/tokens, ``(N,)`` or ``(B, T)``, with grad.
@@ -176,9 +177,62 @@ def rgpo_loss(
         loss = (per_element if mask is None else per_element * mask).sum() / normalizer
     if not diagnostics:
         return loss, {}
-    return loss, rgpo_diagnostics(
-        logps, old_logps, gate, ref_logps=ref_logps, ratio_mode=ratio_mode, mask=mask
-    )
+    return loss, log_ratio_diagnostics(terms.log_ratios, gate, mask=mask)
+
+
+@torch.no_grad()
+def per_element_diagnostics(lr: LogRatios, gate: Gate) -> dict[str, torch.Tensor]:
+    """The per-element quantities whose means and maxima are the RGPO diagnostics, from log-ratios already
+    formed (the loss's own `RGPOTerms.log_ratios`, so the loss and its diagnostics share one computation).
+
+    Keys (detached, in the log-ratios' dtype): ``gate`` g(r), ``weight`` w = g'(r) r, ``weight_sq`` w^2,
+    ``rejected`` (1 where g < 0.1), ``kl_old`` (r_old - 1 - log r_old), ``ratio_old``; with a reference
+    ``kl_ref`` (k3) and ``ratio_ref``; in dual mode ``ref_ratio_larger``. ``gate``, ``weight``, ``weight_sq``,
+    ``rejected`` and ``ref_ratio_larger`` have the shape of ``lr.gated`` (one per sequence with a
+    sequence-level ratio, broadcast against the token mask by the reductions), the others that of ``lr.old``.
+    """
+    g, w = gate.g(lr.gated), gate.w(lr.gated)
+    out = {
+        "gate": g,
+        "weight": w,
+        "weight_sq": w * w,
+        "rejected": (g < 0.1).to(g.dtype),
+        "kl_old": kl_old_estimate(lr.old),
+        "ratio_old": torch.exp(lr.old),
+    }
+    if lr.ref is not None:
+        out["kl_ref"] = kl_ref_estimate(lr.ref)
+        out["ratio_ref"] = torch.exp(lr.ref)
+    if lr.ref_is_larger is not None:
+        out["ref_ratio_larger"] = lr.ref_is_larger.to(g.dtype)
+    return out
+
+
+@torch.no_grad()
+def log_ratio_diagnostics(
+    lr: LogRatios, gate: Gate, *, mask: torch.Tensor | None = None, dim: int | None = None
+) -> dict[str, torch.Tensor]:
+    """`rgpo_diagnostics` from log-ratios already formed (`log_ratios`, or `RGPOTerms.log_ratios` of the
+    loss): the means of `per_element_diagnostics` over the valid elements (or over ``dim``), the maxima of
+    the ratios, and the ESS from the means of w and w^2. Keys as `rgpo_diagnostics`."""
+    e = per_element_diagnostics(lr, gate)
+    out = {
+        "gate_mean": masked_mean(e["gate"], mask, dim),
+        "weight_mean": masked_mean(e["weight"], mask, dim),
+        "weight_sq_mean": masked_mean(e["weight_sq"], mask, dim),
+        "kl_old": masked_mean(e["kl_old"], mask, dim),
+        "rejected_frac": masked_mean(e["rejected"], mask, dim),
+        "ratio_old_mean": masked_mean(e["ratio_old"], mask, dim),
+        "ratio_old_max": masked_max(e["ratio_old"], mask, dim),
+    }
+    out["ess"] = ess_from_moments(out["weight_mean"], out["weight_sq_mean"])
+    if "kl_ref" in e:
+        out["kl_ref"] = masked_mean(e["kl_ref"], mask, dim)
+        out["ratio_ref_mean"] = masked_mean(e["ratio_ref"], mask, dim)
+        out["ratio_ref_max"] = masked_max(e["ratio_ref"], mask, dim)
+    if "ref_ratio_larger" in e:
+        out["ref_ratio_larger_frac"] = masked_mean(e["ref_ratio_larger"], mask, dim)
+    return out
 
 
 @torch.no_grad()
@@ -193,7 +247,9 @@ def rgpo_diagnostics(
     dim: int | None = None,
     sequence_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Diagnostics of the RGPO loss, reduced over all valid elements or over ``dim`` only.
+    """Diagnostics of the RGPO loss, reduced over all valid elements or over ``dim`` only: the log-ratios
+    formed from the log-probs as the loss forms them, then `log_ratio_diagnostics` (callers that already hold
+    the loss's `RGPOTerms` pass its ``log_ratios`` there instead of forming them twice).
 
     With log-probs of one epoch stacked as ``(mini-batches, samples)`` and ``dim=-1``, every value has one
     entry per mini-batch, equal to what `rgpo_loss` returns for it, so a script can reduce once per epoch.
@@ -204,22 +260,4 @@ def rgpo_diagnostics(
     dual mode ``ref_ratio_larger_frac``. Maxima over nothing are -inf, ESS of nothing 0.
     """
     lr = log_ratios(logps.detach(), old_logps, ref_logps, ratio_mode, sequence_mask)
-    g, w, r_old = gate.g(lr.gated), gate.w(lr.gated), torch.exp(lr.old)
-    out = {
-        "gate_mean": masked_mean(g, mask, dim),
-        "weight_mean": masked_mean(w, mask, dim),
-        "weight_sq_mean": masked_mean(w * w, mask, dim),
-        "kl_old": masked_mean(kl_old_estimate(lr.old), mask, dim),
-        "rejected_frac": masked_mean((g < 0.1).to(g.dtype), mask, dim),
-        "ratio_old_mean": masked_mean(r_old, mask, dim),
-        "ratio_old_max": masked_max(r_old, mask, dim),
-    }
-    out["ess"] = ess_from_moments(out["weight_mean"], out["weight_sq_mean"])
-    if lr.ref is not None:
-        r_ref = torch.exp(lr.ref)
-        out["kl_ref"] = masked_mean(kl_ref_estimate(lr.ref), mask, dim)
-        out["ratio_ref_mean"] = masked_mean(r_ref, mask, dim)
-        out["ratio_ref_max"] = masked_max(r_ref, mask, dim)
-    if lr.ref_is_larger is not None:
-        out["ref_ratio_larger_frac"] = masked_mean(lr.ref_is_larger.to(g.dtype), mask, dim)
-    return out
+    return log_ratio_diagnostics(lr, gate, mask=mask, dim=dim)

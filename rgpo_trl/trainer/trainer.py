@@ -34,7 +34,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from ..core import ess_from_moments, masked_mean, rgpo_diagnostics, rgpo_terms
+from ..core import ess_from_moments, log_ratio_diagnostics, masked_mean, rgpo_terms
 from .checkpoint import KL_CONTROLLER_FILE, checkpoint_folder, load_kl_controller, save_kl_controller
 from .config import RGPOConfig, micro_batches_per_iteration
 
@@ -227,15 +227,8 @@ class RGPOTrainer(GRPOTrainer):
                 self.accelerator.gather_for_metrics(aux_loss).mean().item()
             )
 
-        diag = rgpo_diagnostics(
-            per_token_logps,
-            old_logps,
-            self.gate,
-            ref_logps=ref_logps,
-            ratio_mode=self.ratio_mode,
-            mask=mask,
-            sequence_mask=sequence_mask,
-        )
+        # the diagnostics of the log-ratios the loss formed (not formed a second time)
+        diag = log_ratio_diagnostics(terms.log_ratios, self.gate, mask=mask)
         self._log_rgpo_metrics(mode, diag, entropies, mask)
         return loss
 
