@@ -48,6 +48,15 @@ def test_registered_gate_is_built_validated_and_described():
         register_gate("half_tanh")(type("Other", (Gate,), {}))
     with pytest.raises(ValueError, match="half_tanh"):  # unknown names list the registered ones
         make_gate("nope")
+    # the same validation without building a gate (what a config does)
+    assert rgpo_trl.check_gate("half_tanh") == {"a": 2.0}
+    assert rgpo_trl.check_gate("half_tanh", a=3) == {"a": 3.0}
+    for name, params in (("half_tanh", {"a": 51.0}), ("half_tanh", {"k": 1.0}), ("nope", {})):
+        with pytest.raises(ValueError) as built:
+            make_gate(name, **params)
+        with pytest.raises(ValueError) as checked:
+            rgpo_trl.check_gate(name, **params)
+        assert str(checked.value) == str(built.value)
 
 
 def test_rgpo_config_validates_a_registered_gate(tmp_path):

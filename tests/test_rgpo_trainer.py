@@ -431,6 +431,26 @@ def test_gradient_accumulation_matches_larger_batch(model_path, tmp_path):
         torch.testing.assert_close(updates[0][name], updates[1][name], atol=1e-6 * scale, rtol=0)
 
 
+def test_the_gate_is_built_once_by_the_trainer_and_the_config_only_validates_it(
+    model_path, tmp_path, monkeypatch
+):
+    from rgpo_trl import Gate
+
+    built, init = [], Gate.__init__
+
+    def counting_init(self, **values):
+        built.append(self)
+        init(self, **values)
+
+    monkeypatch.setattr(Gate, "__init__", counting_init)
+    args = RGPOConfig(**base_args(tmp_path, gate_params={"k": 3.0}))
+    assert built == []  # validated against the gate's declaration, not built
+    trainer = RGPOTrainer(
+        model_path, vowel_reward, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer()
+    )
+    assert built == [trainer.gate] and trainer.gate.k == 3.0
+
+
 def test_requires_rgpo_config(model_path, tmp_path):
     from trl import GRPOConfig
 

@@ -65,8 +65,9 @@ class GateParam:
 class Gate:
     """g(r) and w(r) = g'(r) r, both from a clamped log-ratio ``log_r``; ``g`` is differentiable.
 
-    Subclasses declare ``params`` (name -> `GateParam`); the values are set as attributes by the
-    constructor, which validates them.
+    Subclasses declare ``params`` (name -> `GateParam`); the values are validated against that declaration
+    (`check_params`, which a config also calls without building a gate) and set as attributes by the
+    constructor.
     """
 
     name: ClassVar[str] = ""
@@ -75,12 +76,21 @@ class Gate:
     is_acceptance_gate: bool = True
 
     def __init__(self, **values: float | None):
-        unknown = sorted(set(values) - set(self.params))
+        for key, value in self.check_params(values).items():
+            setattr(self, key, value)
+
+    @classmethod
+    def check_params(cls, values: dict[str, float | None]) -> dict[str, float]:
+        """The parameter values the constructor sets (``None`` or missing: the declared default), validated
+        against ``params``; an unknown name or a value outside its declared range raises ``ValueError``."""
+        unknown = sorted(set(values) - set(cls.params))
         if unknown:
-            raise ValueError(f"gate {self.name!r} accepts parameters {sorted(self.params)}, got {unknown}")
-        for key, spec in self.params.items():
+            raise ValueError(f"gate {cls.name!r} accepts parameters {sorted(cls.params)}, got {unknown}")
+        checked = {}
+        for key, spec in cls.params.items():
             value = values.get(key)
-            setattr(self, key, spec.check(self.name, key, spec.default if value is None else value))
+            checked[key] = spec.check(cls.name, key, spec.default if value is None else value)
+        return checked
 
     def g(self, log_r: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -106,11 +116,22 @@ register_gate.__doc__ = (
 )
 
 
-def make_gate(name: str, **params: float | None) -> Gate:
-    """The registered gate ``name`` with ``params`` (``None`` or missing: the declared default)."""
+def _gate_class(name: str) -> type[Gate]:
     if name not in GATES:
         raise ValueError(f"gate must be one of the registered gates {sorted(GATES)}, got {name!r}")
-    return GATES[name](**params)
+    return GATES[name]
+
+
+def make_gate(name: str, **params: float | None) -> Gate:
+    """The registered gate ``name`` with ``params`` (``None`` or missing: the declared default)."""
+    return _gate_class(name)(**params)
+
+
+def check_gate(name: str, **params: float | None) -> dict[str, float]:
+    """Validate a gate's name and parameters as `make_gate` does, without building it (a config checks its
+    gate at construction; the trainer builds the one gate it uses). Returns the parameter values, defaults
+    filled in."""
+    return _gate_class(name).check_params(params)
 
 
 def describe_gates() -> str:

@@ -32,6 +32,7 @@ from ..core import (
     RATIO_MODES,
     Gate,
     KLController,
+    check_gate,
     describe_gates,
     make_gate,
     make_kl_controller,
@@ -80,7 +81,8 @@ class RGPOLossSettings:
                 raise ValueError(f"gate_params must be a JSON object, got {self.gate_params!r}") from err
         self.gate_params = dict(self.gate_params or {})
         try:
-            self.make_gate()  # validates the name and the parameters against the gate's declaration
+            # the name and the parameters against the gate's declaration; the trainer builds the gate, once
+            check_gate(self.gate, **self.gate_params)
         except ValueError as err:
             if self.gate not in GATES:  # the unknown name is the whole message: no second copy of it
                 raise ValueError(str(err)) from None
