@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import math
@@ -404,21 +403,16 @@ MIRRORED = {
 }
 
 
-def _segment(source: str, start: str, end: str) -> str:
-    i = source.index(start)
-    j = source.index(end, i) + len(end)
-    lines = [line.split("#")[0].strip() for line in source[i:j].splitlines()]
-    return "\n".join(line for line in lines if line)
-
-
 def test_the_mirrored_trl_code_has_not_changed():
     """Fails when a TRL upgrade changes the code `_packed_forward` copies or the names `get_train_dataloader`
     swaps: re-read TRL's compute_loss / get_train_dataloader, update the copy, then the hashes."""
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
+    from rgpo_trl.trainer.trl_version import source_segment_digest
+
     source = inspect.getsource(AsyncGRPOTrainer.compute_loss)
     for (start, end), digest in MIRRORED.items():
-        assert hashlib.sha256(_segment(source, start, end).encode()).hexdigest()[:16] == digest, (start, end)
+        assert source_segment_digest(source, start, end) == digest, (start, end)
     loader = inspect.getsource(AsyncGRPOTrainer.get_train_dataloader)
     assert "RolloutQueueDataset(" in loader and "DataCollatorForRollout(" in loader
 

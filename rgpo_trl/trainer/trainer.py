@@ -14,7 +14,10 @@ with ``beta > 0`` and ``num_iterations > 1``.
 GRPO's options that are orthogonal to the surrogate (the ``loss_type`` aggregations, the entropy bonus, the
 entropy and off-policy masks, the bias-corrected KL, the vLLM importance-sampling correction) are applied to
 the RGPO terms where GRPOTrainer applies them to its own surrogate (`rgpo_trl.rgpo_terms` gives the terms
-separately); the options that would replace the gate are refused by `RGPOConfig`.
+separately); the options that would replace the gate are refused by `RGPOConfig`. TRL has no hook inside
+its ``_compute_loss``, so the pieces of it this trainer follows are each one method (`_policy_forward`,
+`_aggregate`, `_apply_entropy_bonus`, `_add_aux_loss`), and a test pins a digest of the TRL lines each
+follows, failing when a TRL release changes them.
 
 The other additions are the adaptive KL-to-old controller (paper Eq. beta_update) and its bookkeeping. One
 RGPO *iteration* is one generation batch and all its reuse (``num_iterations * steps_per_generation``
@@ -87,6 +90,8 @@ class RGPOTrainer(GRPOTrainer):
         self.kl_ctl = args.make_kl_controller()
         self.iteration_length = micro_batches_per_iteration(args)
         self._reset_iteration_stats()
+        # the adaptive entropy controller's (entropy sum, token count) over the optimizer step so far
+        self._entropy_window: torch.Tensor | None = None
         if self.args.gradient_accumulation_steps % self.iteration_length == 0 and not (
             self.use_vllm and self.vllm_importance_sampling_correction
         ):
@@ -139,31 +144,7 @@ class RGPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        logits_to_keep = completion_ids.size(1)  # logits for the completion tokens only
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            pixel_values=inputs.get("pixel_values"),
-            image_grid_thw=inputs.get("image_grid_thw"),
-            num_images=inputs.get("num_images"),
-            pixel_attention_mask=inputs.get("pixel_attention_mask"),
-            spatial_shapes=inputs.get("spatial_shapes"),
-            num_tiles=inputs.get("num_tiles"),
-            image_sizes=inputs.get("image_sizes"),
-            token_type_ids=inputs.get("token_type_ids"),
-            mm_token_type_ids=inputs.get("mm_token_type_ids"),
-            image_position_ids=inputs.get("image_position_ids"),
-        )
+        per_token_logps, entropies, aux_loss, mask = self._policy_forward(model, inputs)
         mask = mask.to(per_token_logps.dtype)
         mode = "train" if self.model.training else "eval"
         advantages = inputs["advantages"]
@@ -212,30 +193,53 @@ class RGPOTrainer(GRPOTrainer):
             # is on)
             self._metrics[mode]["kl"].append(self._global_masked_mean(kl_ref.detach(), mask))
         loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
-
         if self._entropy_bonus_enabled:
-            # GRPOTrainer logs the loss before the bonus as `policy_loss` (with the bonus only; gathered)
-            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
-            loss = loss - self._entropy_bonus(
-                entropies, mask if entropy_mask is None else mask * entropy_mask, mode
-            )
-        # The loss above is already scaled for gradient accumulation; scale the MoE aux loss too.
+            effective_mask = mask if entropy_mask is None else mask * entropy_mask
+            loss = self._apply_entropy_bonus(loss, policy_loss, entropies, effective_mask, mode)
         if self.aux_loss_enabled:
-            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(
-                self.accelerator.gather_for_metrics(aux_loss).mean().item()
-            )
+            loss = self._add_aux_loss(loss, aux_loss, mode)
 
         # the diagnostics of the log-ratios the loss formed (not formed a second time)
         diag = log_ratio_diagnostics(terms.log_ratios, self.gate, mask=mask)
         self._log_rgpo_metrics(mode, diag, entropies, mask)
         return loss
 
+    def _policy_forward(self, model, inputs):
+        """The policy's forward on the micro-batch, as GRPOTrainer's ``_compute_loss`` starts (mirrored: TRL
+        has no hook between its forward and its loss; a test pins TRL's lines). Returns the per-token
+        log-probs (with grad), the entropies, the MoE aux loss (None unless enabled) and the loss mask
+        (completion tokens, without tool-output tokens)."""
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)  # logits for the completion tokens only
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            pixel_values=inputs.get("pixel_values"),
+            image_grid_thw=inputs.get("image_grid_thw"),
+            num_images=inputs.get("num_images"),
+            pixel_attention_mask=inputs.get("pixel_attention_mask"),
+            spatial_shapes=inputs.get("spatial_shapes"),
+            num_tiles=inputs.get("num_tiles"),
+            image_sizes=inputs.get("image_sizes"),
+            token_type_ids=inputs.get("token_type_ids"),
+            mm_token_type_ids=inputs.get("mm_token_type_ids"),
+            image_position_ids=inputs.get("image_position_ids"),
+        )
+        return per_token_logps, entropies, aux_loss, mask
+
     def _aggregate(self, per_token_loss, mask, inputs, mode) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type``. Returns the
-        loss and, detached, what GRPOTrainer records as ``policy_loss`` for that ``loss_type`` (for grpo /
-        bnpo / dr_grpo the value before the gradient-accumulation scaling, for dapo the loss itself)."""
+        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type`` (mirrored; a test
+        pins TRL's lines). Returns the loss and, detached, what GRPOTrainer records as ``policy_loss`` for that
+        ``loss_type`` (for grpo / bnpo / dr_grpo the value before the gradient-accumulation scaling, for dapo
+        the loss itself)."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if self.loss_type in ("grpo", "bnpo", "dr_grpo"):
             if self.loss_type == "grpo":  # mean over each sequence's tokens, then over sequences
@@ -256,20 +260,25 @@ class RGPOTrainer(GRPOTrainer):
         loss = (per_token_loss * mask).sum() / normalizer
         return loss, loss.detach()
 
-    def _entropy_bonus(self, entropies, effective_mask, mode) -> torch.Tensor:
-        """GRPOTrainer's entropy bonus ``coef * H`` (H: mean entropy of the tokens the policy term acts on),
-        static or adaptive, with its controller updated at optimizer-step boundaries from the window-global
-        entropy."""
+    def _apply_entropy_bonus(self, loss, policy_loss, entropies, effective_mask, mode) -> torch.Tensor:
+        """``loss - coef * H`` (H: mean entropy of the tokens the policy term acts on), GRPOTrainer's entropy
+        bonus, static or adaptive, and its bookkeeping: ``policy_loss`` (the loss before the bonus, gathered),
+        the adaptive controller updated at optimizer-step boundaries from the window-global entropy, and
+        ``entropy_coef``. Mirrors TRL's lines (TRL has no hook for them; a test pins their digest). The
+        controller state is GRPOTrainer's own ``entropy_coef`` and ``_last_world_entropy``, which its
+        checkpoint saves and restores; the window of the optimizer step is this trainer's."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         entropy = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
         if self.use_adaptive_entropy:
             coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
         else:
             coef = self.entropy_coef
+        loss = loss - coef * entropy
+        self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
         if self.use_adaptive_entropy and mode == "train":
             stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
-            window = stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
-            self._entropy_window_stats = window
+            window = stats if self._entropy_window is None else self._entropy_window + stats
+            self._entropy_window = window
             if self.accelerator.sync_gradients:
                 totals = self.accelerator.reduce(window, reduction="sum")
                 world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
@@ -279,13 +288,20 @@ class RGPOTrainer(GRPOTrainer):
                 else:
                     self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
                 self._last_world_entropy = world_entropy
-                self._entropy_window_stats = None
+                self._entropy_window = None
         if mode == "train" and self.accelerator.sync_gradients:
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
-        return coef * entropy
+        return loss
+
+    def _add_aux_loss(self, loss, aux_loss, mode) -> torch.Tensor:
+        """The MoE router's auxiliary loss, scaled for gradient accumulation as the loss already is, and its
+        metric, as GRPOTrainer adds them (mirrored; a test pins TRL's lines)."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+        return loss + self.router_aux_loss_coef * aux_loss / accumulation
 
     def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
-        """Token-weighted mean over all processes (GRPOTrainer's ``global_masked_mean``)."""
+        """Token-weighted mean over all processes (GRPOTrainer's ``global_masked_mean``, per token)."""
         totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 

@@ -1,10 +1,15 @@
 """The TRL versions the trainers are tested with. `RGPOTrainer` and `PPORLHFTrainer` override private
 `GRPOTrainer` methods (`_compute_loss`, `_generate_and_score_completions`, `_save_checkpoint`,
 `_load_optimizer_and_scheduler`, `_get_per_token_logps_and_entropies`'s callers), which TRL may change in any
-release; outside the tested range they may still work, so importing them warns once instead of failing."""
+release; outside the tested range they may still work, so importing them warns once instead of failing.
+
+Where a trainer has to mirror TRL code (TRL has no hook between the pieces it needs), the tests pin a digest of
+the mirrored TRL lines (`source_segment_digest`), so that a TRL release that changes them fails a test naming
+the lines instead of silently diverging."""
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 
 from packaging.version import Version
@@ -26,3 +31,14 @@ def check_trl_version(installed: str) -> bool:
         stacklevel=3,
     )
     return False
+
+
+def source_segment_digest(source: str, start: str, end: str) -> str:
+    """16 hex digits of the SHA-256 of ``source`` from ``start`` through the first ``end`` after it, each line
+    without its comment and surrounding whitespace, blank lines dropped (so that reformatting or a new
+    comment in TRL does not count as a change, new code does)."""
+    i = source.index(start)
+    j = source.index(end, i) + len(end)
+    lines = [line.split("#")[0].strip() for line in source[i:j].splitlines()]
+    segment = "\n".join(line for line in lines if line)
+    return hashlib.sha256(segment.encode()).hexdigest()[:16]
