@@ -13,13 +13,16 @@ import tyro
 
 import rgpo_trl
 from mujoco_baselines.common import (
+    SPIKE_KL,
     Agent,
+    IterationTimes,
+    MinibatchStats,
     MujocoEnv,
     Rollout,
-    Run,
+    TrainingRun,
     UpdateStep,
+    UpdateSummary,
     cli,
-    iteration_metrics,
     minibatches,
     resolve_args,
     seed_everything,
@@ -119,8 +122,8 @@ class Args:
     """coefficient of the value loss"""
     ent_coef: float = 0.0
     """coefficient of the entropy bonus"""
-    spike_kl: float = 0.04
-    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (2 x target 0.02)"""
+    spike_kl: float = SPIKE_KL
+    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (default: twice RGPO's KL target)"""
 
     # AWR specific
     awr_beta: float = 1.0
@@ -138,7 +141,7 @@ class Args:
 # Method-specific part: the AWR weighted log-likelihood.
 # --------------------------------------------------------------------------------------------- #
 def awr_policy_loss(newlogprob, oldlogprob, advantages, beta, max_weight):
-    """AWR loss and per-mini-batch stats [kl_old, ess, weight_clipfrac, weight_max]; ESS uses the AWR
+    """AWR loss and the mini-batch's stats (kl to pi_old, ess, weight_clipfrac, weight_max); ESS uses the AWR
     weights (scale-free, so equal to the ESS of the normalised weights w / sum w, Ablation D)."""
     with torch.no_grad():
         raw = torch.exp((advantages / beta).clamp(max=50.0))
@@ -148,7 +151,7 @@ def awr_policy_loss(newlogprob, oldlogprob, advantages, beta, max_weight):
         kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(newlogprob - oldlogprob)).mean()
         ess = rgpo_trl.effective_sample_size(weights)
         clipfrac = (raw > max_weight).float().mean()
-    return pg_loss, torch.stack([kl, ess, clipfrac, weights.max()])
+    return pg_loss, {"kl": kl, "ess": ess, "weight_clipfrac": clipfrac, "weight_max": weights.max()}
 
 
 def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, args):
@@ -172,12 +175,9 @@ def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns,
     return loss, (newlogprob, pg_loss, v_loss, mb_stats)
 
 
-STAT_NAMES = ["kl", "ess", "weight_clipfrac", "weight_max"]
-
-
 def main(args: Args) -> dict:
     resolve_args(args)  # derived fields and input checks, before anything is created
-    run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
+    run = TrainingRun(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
     env = MujocoEnv(args)
@@ -202,7 +202,6 @@ def main(args: Args) -> dict:
             iter_start = time.perf_counter()
             lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
             optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
-            n_episodes_before = len(rollout.episode_returns)
 
             # ---- rollout
             b_values, next_value, b_logprobs = rollout.collect(run.writer)
@@ -216,7 +215,7 @@ def main(args: Args) -> dict:
 
             # ---- update: advantage-weighted log-likelihood, `update_epochs` epochs of mini-batches
             update_start = time.perf_counter()
-            stats, losses = [], []
+            stats, losses = MinibatchStats(), MinibatchStats()
             update.begin_iteration()
             epochs_run = 0
             for epoch in range(args.update_epochs):
@@ -225,8 +224,8 @@ def main(args: Args) -> dict:
                 for _loss, (_newlogprob, pg_loss, v_loss, mb_stats) in update.steps(
                     batches, iteration, epoch
                 ):
-                    stats.append(mb_stats)
-                    losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))
+                    stats.add(**mb_stats)
+                    losses.add(policy_loss=pg_loss.detach(), value_loss=v_loss.detach())
                 epochs_run += 1
             update_time = time.perf_counter() - update_start
             with torch.no_grad():  # KL of the iteration's final policy to pi_old over the whole batch
@@ -236,25 +235,14 @@ def main(args: Args) -> dict:
                 )
 
             # ---- logging
-            st = torch.stack(stats).double().numpy()
-            ls = torch.stack(losses).double().numpy()
-            row = iteration_metrics(
-                args,
+            row = run.iteration_metrics(
                 iteration,
-                rollout,
-                run,
-                agent,
-                optimizer,
-                st,
-                ls,
-                update.grad_var(st.shape[0]),
-                adv_np,
-                values_np,
-                n_episodes_before,
-                epochs_run,
-                kl_final,
-                (iter_start, rollout_time, update_time),
-                STAT_NAMES,
+                UpdateSummary(stats, losses, epochs_run, kl_final, update.grad_var(len(stats))),
+                agent=agent,
+                optimizer=optimizer,
+                advantages=adv_np,
+                values=values_np,
+                times=IterationTimes(iter_start, rollout_time, update_time),
             )
             run.log(iteration, row, agent, env)
         return run.finish(agent, env)

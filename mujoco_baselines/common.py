@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import inspect
 import json
 import math
 import os
@@ -26,7 +27,8 @@ import sys
 import time
 import warnings
 from collections import deque
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
 
 import gymnasium as gym
 import mujoco
@@ -36,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rgpo_trl.cli import UsageError
+from rgpo_trl.core.kl_control import AdaptiveKLController
 
 # --------------------------------------------------------------------------------------------- #
 # Environment: one gymnasium env, no vector wrapper. Resets are explicit (no autoreset, so no fake
@@ -499,6 +502,7 @@ class Rollout:
         self.dones = np.zeros(T, np.float64)  # dones[t]: obs[t] is the first observation of a new episode
         self.obs_np, self.actions_np = self.obs.numpy(), self.actions.numpy()
         self.episode_returns, self.episode_lengths = [], []
+        self.first_new_episode = 0  # episode_returns[first_new_episode:]: the episodes the last collect ended
         self.global_step = 0
         self.next_obs, self.next_done = env.reset(seed=args.seed), 0.0
         self._numpy_mean = self.actor.numpy_mean_action() if fast else None
@@ -515,6 +519,7 @@ class Rollout:
         observation under the current critic, log-probs of the actions under the acting actor: the behaviour
         policy)."""
         agent, actor, T = self.agent, self.actor, len(self.rewards)
+        self.first_new_episode = len(self.episode_returns)
         noise = torch.randn((T, self.env.act_dim))
         with torch.inference_mode():
             scaled_noise = torch.exp(actor.actor_logstd) * noise
@@ -536,6 +541,23 @@ class Rollout:
             next_value = float(agent.critic(torch.as_tensor(self.next_obs, dtype=torch.float32)))
             b_logprobs = actor.log_prob(actor.actor_mean(self.obs), self.actions)
         return b_values, next_value, b_logprobs
+
+    def state(self) -> tuple[dict, torch.Tensor]:
+        """What a checkpoint keeps of the rollout: its step counter, finished episodes and the episode in
+        progress (entries of the checkpoint's ``progress``) and the next observation (its ``next_obs``)."""
+        progress = {
+            "global_step": self.global_step,
+            "episode_returns": self.episode_returns,
+            "episode_lengths": self.episode_lengths,
+            "next_done": self.next_done,
+        }
+        return progress, torch.from_numpy(np.array(self.next_obs))
+
+    def restore(self, progress: dict, next_obs: torch.Tensor) -> None:
+        """Continue from a checkpoint's `state`: the next rollout starts where the saved run's would have."""
+        self.global_step = progress["global_step"]
+        self.episode_returns, self.episode_lengths = progress["episode_returns"], progress["episode_lengths"]
+        self.next_obs, self.next_done = next_obs.numpy().copy(), progress["next_done"]
 
     def advantages(self, b_values, next_value, gamma: float, gae_lambda: float):
         """GAE in float64 numpy: (advantages, values) as float64 arrays."""
@@ -703,64 +725,74 @@ def gradient_variance(g_sum, g_sqsum: float, n_mb: int, n_params: int) -> float:
     return max(g_sqsum / n_mb - float(g_mean.dot(g_mean)), 0.0) / n_params
 
 
-def iteration_metrics(
-    args,
-    iteration,
-    rollout: Rollout,
-    run,
-    agent,
-    optimizer,
-    st,
-    ls,
-    grad_var,
-    adv_np,
-    values_np,
-    n_episodes_before,
-    epochs_run,
-    kl_final,
-    times,
-    stat_names,
-):
-    """The per-iteration row every script writes (same keys and order), then the method's extra statistics
-    (``stat_names[2:]``: ``*_max`` as maxima, the others as means over the mini-batches)."""
-    episode_returns, global_step = rollout.episode_returns, rollout.global_step
-    iter_start, rollout_time, update_time = times
-    var_y = float(np.var(adv_np + values_np))
-    new_eps = episode_returns[n_episodes_before:]
-    iter_time = time.perf_counter() - iter_start
-    kl_mean = float(st[:, 0].mean())
-    row = {
-        "iteration": iteration,
-        "global_step": global_step,
-        "time": time.time() - run.start_time,
-        "episodic_return": float(np.mean(new_eps)) if new_eps else float("nan"),
-        "return_last100": float(np.mean(episode_returns[-100:])) if episode_returns else float("nan"),
-        "episodes": len(episode_returns),
-        "kl": kl_mean,
-        "kl_max": float(st[:, 0].max()),
-        "spike": int(kl_mean > args.spike_kl),
-        "kl_final": kl_final,
-        "spike_final": int(kl_final > args.spike_kl),
-        "ess": float(st[:, 1].mean()),
-        "grad_var": grad_var,
-        "policy_loss": float(ls[:, 0].mean()),
-        "value_loss": float(ls[:, 1].mean()),
-        "entropy": agent.entropy().item(),
-        "explained_variance": float("nan") if var_y == 0 else 1 - float(np.var(adv_np)) / var_y,
-        "learning_rate": optimizer.param_groups[0]["lr"],
-        "epochs": epochs_run,
-        "iter_time": iter_time,
-        "rollout_time": rollout_time,
-        "update_time": update_time,
-        "SPS": global_step / (time.time() - run.start_time),
-    }
-    for j, name in enumerate(stat_names[2:], start=2):
-        row[name] = float(st[:, j].max() if name.endswith("_max") else st[:, j].mean())
-    return row
+# --------------------------------------------------------------------------------------------- #
+# An iteration's metrics: the statistics of its update by name, its timings, and the row of metrics.csv.
+# --------------------------------------------------------------------------------------------- #
+# The adaptive KL controller's defaults (the paper's: beta_0 0.5, target 0.02, beta in [0.01, 5]) are written
+# once, in rgpo_trl's AdaptiveKLController; RGPO's flags take them from here, and a 'KL spike' is an
+# iteration whose KL to pi_old exceeds twice the target (every script's --spike-kl default).
+KL_CONTROLLER_DEFAULTS: dict[str, float] = {
+    name: parameter.default for name, parameter in inspect.signature(AdaptiveKLController).parameters.items()
+}
+SPIKE_KL = 2 * KL_CONTROLLER_DEFAULTS["kl_target"]
 
 
-class Run:
-    """A run's directory and life: config.json (every flag, machine, versions, commit), TensorBoard,
+class MinibatchStats:
+    """Named statistics of an iteration's mini-batches, one value per mini-batch: ``add(kl=..., ess=...)``
+    appends the values of one mini-batch (0-d tensors) or of several (1-d tensors, e.g. an epoch's), always
+    under the same names. Kept as the tensors they come in and joined once, so adding costs one stack."""
+
+    def __init__(self):
+        self.names: tuple[str, ...] = ()
+        self._blocks: list[torch.Tensor] = []  # (mini-batches, len(names)) each
+
+    def add(self, **values: torch.Tensor) -> None:
+        names = tuple(values)
+        if not self._blocks:
+            self.names = names
+        elif names != self.names:
+            raise ValueError(f"statistics {names} added where {self.names} were")
+        self._blocks.append(torch.stack(list(values.values()), dim=-1).reshape(-1, len(names)))
+
+    def __len__(self) -> int:
+        """The number of mini-batches."""
+        return sum(block.shape[0] for block in self._blocks)
+
+    def mean(self, name: str) -> float:
+        """The mean of ``name`` over the mini-batches so far, in float32 (the early stops' test)."""
+        return float(torch.cat(self._blocks)[:, self.names.index(name)].mean())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every statistic as a float64 array over the mini-batches, in the order of ``names``."""
+        table = torch.cat(self._blocks).double().numpy()
+        return {name: table[:, j] for j, name in enumerate(self.names)}
+
+
+@dataclass
+class UpdateSummary:
+    """What an iteration's update gives its row of metrics.csv."""
+
+    stats: MinibatchStats
+    """per mini-batch: ``kl`` (to pi_old) and ``ess``, then the method's own statistics (``*_max`` reported
+    as the maximum over the mini-batches, the others as the mean)"""
+    losses: MinibatchStats
+    """per mini-batch step: ``policy_loss`` and ``value_loss``"""
+    epochs: int
+    """epochs run (fewer than update_epochs after an early stop)"""
+    kl_final: float
+    """KL of the iteration's final policy to pi_old over the whole batch"""
+    grad_var: float
+    """per-parameter variance of the policy gradient over the mini-batches (`gradient_variance`)"""
+
+
+class IterationTimes(NamedTuple):
+    start: float  # time.perf_counter() as the iteration started
+    rollout: float  # seconds
+    update: float  # seconds
+
+
+class TrainingRun:
+    """A training run's directory and life: config.json (every flag, machine, versions, commit), TensorBoard,
     metrics.csv, the optional periodic evaluation, checkpoints (saved atomically every ``checkpoint_every``
     iterations, loaded with ``torch.load(weights_only=True)``; another configuration or an unreadable file is
     refused before anything is loaded) and final.json (written whole, with the deterministic evaluation)."""
@@ -792,8 +824,8 @@ class Run:
         self.rows, self.eval_rows, self.csv_file, self.csv_writer = [], [], None, None
 
     def restore(self, stateful: dict, rollout: Rollout) -> None:
-        """Continue from the checkpoint (if resuming): the ``stateful`` objects, RNG states, the rollout's
-        episode in progress and counters, the metrics rows up to it; then (re)write metrics.csv up to
+        """Continue from the checkpoint (if resuming): the ``stateful`` objects, RNG states, the rollout (its
+        counters and episode in progress), the metrics rows up to it; then (re)write metrics.csv up to
         there."""
         self.stateful, self.rollout = stateful, rollout
         self.start_time = time.time()
@@ -808,13 +840,9 @@ class Run:
                 obj.load_state_dict(checkpoint[name])
             set_rng_state(checkpoint["rng"])
             progress = checkpoint["progress"]
-            self.start_iteration, rollout.global_step = progress["iteration"] + 1, progress["global_step"]
+            rollout.restore(progress, checkpoint["next_obs"])
+            self.start_iteration = progress["iteration"] + 1
             self.start_time = time.time() - progress["elapsed"]
-            rollout.episode_returns, rollout.episode_lengths = (
-                progress["episode_returns"],
-                progress["episode_lengths"],
-            )
-            rollout.next_obs, rollout.next_done = checkpoint["next_obs"].numpy().copy(), progress["next_done"]
             self.resumed_at = [*progress["resumed_at"], progress["iteration"]]
             self.commits = list(
                 dict.fromkeys([*progress["commits"], self.info["git_commit"]])
@@ -831,6 +859,52 @@ class Run:
             self.csv_writer.writeheader()
             self.csv_writer.writerows(self.rows)
         self.rows = list(self.rows)
+
+    def iteration_metrics(
+        self, iteration: int, update: UpdateSummary, *, agent, optimizer, advantages, values, times
+    ) -> dict:
+        """The per-iteration row every script writes (same keys and order), then the method's own statistics
+        (``update.stats`` after kl and ess); ``advantages`` and ``values`` (GAE's float64 arrays) give the
+        explained variance, ``times`` (`IterationTimes`) the timings."""
+        rollout = self.rollout
+        episode_returns, global_step, new_eps = (
+            rollout.episode_returns,
+            rollout.global_step,
+            rollout.episode_returns[rollout.first_new_episode :],
+        )
+        stats, losses = update.stats.arrays(), update.losses.arrays()
+        var_y = float(np.var(advantages + values))
+        iter_time = time.perf_counter() - times.start
+        kl_mean = float(stats["kl"].mean())
+        row = {
+            "iteration": iteration,
+            "global_step": global_step,
+            "time": time.time() - self.start_time,
+            "episodic_return": float(np.mean(new_eps)) if new_eps else float("nan"),
+            "return_last100": float(np.mean(episode_returns[-100:])) if episode_returns else float("nan"),
+            "episodes": len(episode_returns),
+            "kl": kl_mean,
+            "kl_max": float(stats["kl"].max()),
+            "spike": int(kl_mean > self.args.spike_kl),
+            "kl_final": update.kl_final,
+            "spike_final": int(update.kl_final > self.args.spike_kl),
+            "ess": float(stats["ess"].mean()),
+            "grad_var": update.grad_var,
+            "policy_loss": float(losses["policy_loss"].mean()),
+            "value_loss": float(losses["value_loss"].mean()),
+            "entropy": agent.entropy().item(),
+            "explained_variance": float("nan") if var_y == 0 else 1 - float(np.var(advantages)) / var_y,
+            "learning_rate": optimizer.param_groups[0]["lr"],
+            "epochs": update.epochs,
+            "iter_time": iter_time,
+            "rollout_time": times.rollout,
+            "update_time": times.update,
+            "SPS": global_step / (time.time() - self.start_time),
+        }
+        for name, column in stats.items():
+            if name not in ("kl", "ess"):
+                row[name] = float(column.max() if name.endswith("_max") else column.mean())
+        return row
 
     def iterations(self) -> range:
         return range(self.start_iteration, self.args.num_iterations + 1)
@@ -868,13 +942,11 @@ class Run:
             and iteration % args.checkpoint_every == 0
             and iteration < args.num_iterations
         ):
+            rollout_progress, next_obs = rollout.state()
             progress = {
                 "iteration": iteration,
-                "global_step": rollout.global_step,
+                **rollout_progress,
                 "elapsed": time.time() - self.start_time,
-                "episode_returns": rollout.episode_returns,
-                "episode_lengths": rollout.episode_lengths,
-                "next_done": rollout.next_done,
                 "resumed_at": self.resumed_at,
                 "commits": self.commits,
                 "rows": self.rows,
@@ -886,7 +958,7 @@ class Run:
                     "args": checkpoint_args(args),
                     "progress": progress,
                     "rng": rng_state(),
-                    "next_obs": torch.from_numpy(np.array(rollout.next_obs)),
+                    "next_obs": next_obs,
                     **{name: obj.state_dict() for name, obj in self.stateful.items()},
                 },
             )

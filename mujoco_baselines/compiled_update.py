@@ -41,10 +41,10 @@ class CompiledAdamStep:
         clip_grad_norm_(params, max_grad_norm); optimizer.step()
 
     with `optimizer` a single-group `torch.optim.Adam` over `params` (no weight decay, amsgrad or maximize).
-    `loss_fn` returns `(loss, aux)`; `aux` (a tensor or tuple of tensors) comes back detached. Numbers that
-    change between calls (learning rate, KL coefficient) must reach `loss_fn` as tensors in `batch`, never as
-    Python floats, or every new value recompiles. `run(batches)` makes consecutive steps, several per compiled
-    call.
+    `loss_fn` returns `(loss, aux)`; `aux` (a tensor, or tuples and dicts of tensors) comes back detached.
+    Numbers that change between calls (learning rate, KL coefficient) must reach `loss_fn` as tensors in
+    `batch`, never as Python floats, or every new value recompiles. `run(batches)` makes consecutive steps,
+    several per compiled call.
     """
 
     def __init__(

@@ -12,15 +12,18 @@ import tyro
 
 import rgpo_trl
 from mujoco_baselines.common import (
+    SPIKE_KL,
     Agent,
+    IterationTimes,
+    MinibatchStats,
     MujocoEnv,
     PolicyLag,
     Rollout,
-    Run,
+    TrainingRun,
     UpdateStep,
+    UpdateSummary,
     behaviour_ratio_stats,
     cli,
-    iteration_metrics,
     minibatches,
     resolve_args,
     seed_everything,
@@ -120,8 +123,8 @@ class Args:
     """coefficient of the value loss"""
     ent_coef: float = 0.0
     """coefficient of the entropy bonus"""
-    spike_kl: float = 0.04
-    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (2 x target 0.02)"""
+    spike_kl: float = SPIKE_KL
+    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (default: twice RGPO's KL target)"""
 
     # Stale samples
     policy_lag: int = 0
@@ -157,7 +160,7 @@ def ppo_policy_loss(newlogprob, oldlogprob, advantages, clip_coef, weight=None):
 
 
 def ppo_epoch_stats(newlogprobs, oldlogprobs, clip_coef):
-    """Per-mini-batch stats [kl_old, ess, clipfrac] of one epoch, from log-probs stacked as
+    """Per-mini-batch stats of one epoch (kl to pi_old, ess, clipfrac), from log-probs stacked as
     (mini-batches, samples): one vectorised reduction per epoch instead of a dozen small ops per
     mini-batch step. ESS uses w = clip(r) (Ablation D)."""
     logratio = newlogprobs - oldlogprobs
@@ -165,7 +168,7 @@ def ppo_epoch_stats(newlogprobs, oldlogprobs, clip_coef):
     kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean(-1)
     ess = rgpo_trl.effective_sample_size(ratio.clamp(1 - clip_coef, 1 + clip_coef), dim=-1)
     clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean(-1)
-    return torch.stack([kl, ess, clipfrac], dim=1)
+    return {"kl": kl, "ess": ess, "clipfrac": clipfrac}
 
 
 def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, mb_weight, args):
@@ -189,12 +192,9 @@ def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns,
     return loss, (newlogprob, pg_loss, v_loss)
 
 
-STAT_NAMES = ["kl", "ess", "clipfrac"]
-
-
 def main(args: Args) -> dict:
     resolve_args(args)  # derived fields and input checks, before anything is created
-    run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
+    run = TrainingRun(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
     env = MujocoEnv(args)
@@ -222,7 +222,6 @@ def main(args: Args) -> dict:
             iter_start = time.perf_counter()
             lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
             optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
-            n_episodes_before = len(rollout.episode_returns)
 
             # ---- rollout, by the actor of iteration - policy_lag
             staleness.advance()
@@ -246,7 +245,7 @@ def main(args: Args) -> dict:
 
             # ---- update: PPO's clipped surrogate, `update_epochs` epochs of mini-batches
             update_start = time.perf_counter()
-            stats, losses = [], []
+            stats, losses = MinibatchStats(), MinibatchStats()
             update.begin_iteration()
             epochs_run = 0
             for epoch in range(args.update_epochs):
@@ -257,13 +256,12 @@ def main(args: Args) -> dict:
                 epoch_logprobs = []  # for the stats, reduced once per epoch
                 for _loss, (newlogprob, pg_loss, v_loss) in update.steps(batches, iteration, epoch):
                     epoch_logprobs.append(newlogprob.detach())
-                    losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))
+                    losses.add(policy_loss=pg_loss.detach(), value_loss=v_loss.detach())
                 # per-mini-batch stats of this epoch (the log-probs each mini-batch's loss saw)
-                stats.append(
-                    ppo_epoch_stats(torch.stack(epoch_logprobs), b_anchor[torch.stack(idxs)], args.clip_coef)
-                )
+                epoch_anchor = b_anchor[torch.stack(idxs)]
+                stats.add(**ppo_epoch_stats(torch.stack(epoch_logprobs), epoch_anchor, args.clip_coef))
                 epochs_run += 1
-                if args.target_kl is not None and float(torch.cat(stats)[:, 0].mean()) > args.target_kl:
+                if args.target_kl is not None and stats.mean("kl") > args.target_kl:
                     break
             update_time = time.perf_counter() - update_start
             with torch.no_grad():  # KL of the iteration's final policy to pi_old over the whole batch
@@ -273,25 +271,14 @@ def main(args: Args) -> dict:
                 )
 
             # ---- logging
-            st = torch.cat(stats).double().numpy()
-            ls = torch.stack(losses).double().numpy()
-            row = iteration_metrics(
-                args,
+            row = run.iteration_metrics(
                 iteration,
-                rollout,
-                run,
-                agent,
-                optimizer,
-                st,
-                ls,
-                update.grad_var(st.shape[0]),
-                adv_np,
-                values_np,
-                n_episodes_before,
-                epochs_run,
-                kl_final,
-                (iter_start, rollout_time, update_time),
-                STAT_NAMES,
+                UpdateSummary(stats, losses, epochs_run, kl_final, update.grad_var(len(stats))),
+                agent=agent,
+                optimizer=optimizer,
+                advantages=adv_np,
+                values=values_np,
+                times=IterationTimes(iter_start, rollout_time, update_time),
             )
             row.update(stale)
             run.log(iteration, row, agent, env)

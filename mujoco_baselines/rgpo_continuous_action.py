@@ -14,15 +14,19 @@ import tyro
 
 import rgpo_trl
 from mujoco_baselines.common import (
+    KL_CONTROLLER_DEFAULTS,
+    SPIKE_KL,
     Agent,
+    IterationTimes,
+    MinibatchStats,
     MujocoEnv,
     PolicyLag,
     Rollout,
-    Run,
+    TrainingRun,
     UpdateStep,
+    UpdateSummary,
     behaviour_ratio_stats,
     cli,
-    iteration_metrics,
     minibatches,
     resolve_args,
     seed_everything,
@@ -124,8 +128,8 @@ class Args:
     """coefficient of the value loss"""
     ent_coef: float = 0.0
     """coefficient of the entropy bonus"""
-    spike_kl: float = 0.04
-    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (2 x target 0.02)"""
+    spike_kl: float = SPIKE_KL
+    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (default: twice RGPO's KL target)"""
 
     # Stale samples
     policy_lag: int = 0
@@ -148,13 +152,14 @@ class Args:
     clipped_linear c, default 2; temperature temperature, default 1; ppo_clip eps, default 0.2)"""
     kl_controller: str = "adaptive"
     """rule for the KL-to-old coefficient after every iteration: adaptive (paper Eq. beta_update) | fixed"""
-    kl_coef: float = 0.5
+    # the adaptive controller's defaults, from rgpo_trl.AdaptiveKLController (the paper's values)
+    kl_coef: float = KL_CONTROLLER_DEFAULTS["kl_coef"]
     """initial KL-to-old coefficient beta_0"""
-    kl_target: float = 0.02
+    kl_target: float = KL_CONTROLLER_DEFAULTS["kl_target"]
     """target KL Delta"""
-    kl_coef_min: float = 0.01
+    kl_coef_min: float = KL_CONTROLLER_DEFAULTS["kl_coef_min"]
     """lower bound of beta"""
-    kl_coef_max: float = 5.0
+    kl_coef_max: float = KL_CONTROLLER_DEFAULTS["kl_coef_max"]
     """upper bound of beta"""
     kl_backstop: float = 0.1
     """hard backstop: leave the epoch loop after an epoch when the iteration's mean KL so far exceeds this
@@ -179,12 +184,18 @@ def rgpo_policy_loss(newlogprob, oldlogprob, advantages, gate, kl_coef, weight=N
 
 
 def rgpo_epoch_stats(newlogprobs, oldlogprobs, gate):
-    """Per-mini-batch stats [kl_old, ess (w = g'(r) r), gate_mean, weight_mean, rejected_frac, ratio_max]
-    of one epoch, from log-probs stacked as (mini-batches, samples): rgpo_trl.rgpo_diagnostics, the
-    values rgpo_loss reports for each mini-batch, in one vectorised reduction per epoch."""
+    """Per-mini-batch stats of one epoch (kl to pi_old, ess with w = g'(r) r, gate_mean, weight_mean,
+    rejected_frac, ratio_max), from log-probs stacked as (mini-batches, samples): rgpo_trl.rgpo_diagnostics,
+    the values rgpo_loss reports for each mini-batch, in one vectorised reduction per epoch."""
     d = rgpo_trl.rgpo_diagnostics(newlogprobs, oldlogprobs, gate, dim=-1)
-    keys = ["kl_old", "ess", "gate_mean", "weight_mean", "rejected_frac", "ratio_old_max"]
-    return torch.stack([d[k] for k in keys], dim=1)
+    return {
+        "kl": d["kl_old"],
+        "ess": d["ess"],
+        "gate_mean": d["gate_mean"],
+        "weight_mean": d["weight_mean"],
+        "rejected_frac": d["rejected_frac"],
+        "ratio_max": d["ratio_old_max"],
+    }
 
 
 def minibatch_loss(
@@ -210,9 +221,6 @@ def minibatch_loss(
     return loss, (newlogprob, pg_loss, v_loss)
 
 
-STAT_NAMES = ["kl", "ess", "gate_mean", "weight_mean", "rejected_frac", "ratio_max"]
-
-
 def main(args: Args) -> dict:
     resolve_args(args)  # derived fields and input checks, before anything is created
     try:  # the gate and the KL controller check their own parameters
@@ -226,7 +234,7 @@ def main(args: Args) -> dict:
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
-    run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
+    run = TrainingRun(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
     env = MujocoEnv(args)
@@ -256,7 +264,6 @@ def main(args: Args) -> dict:
             iter_start = time.perf_counter()
             lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
             optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
-            n_episodes_before = len(rollout.episode_returns)
 
             # ---- rollout, by the actor of iteration - policy_lag
             staleness.advance()
@@ -280,7 +287,7 @@ def main(args: Args) -> dict:
 
             # ---- update: the gated loss with the adaptive KL-to-old penalty, stopped by the KL backstop
             update_start = time.perf_counter()
-            stats, losses = [], []
+            stats, losses = MinibatchStats(), MinibatchStats()
             update.begin_iteration()
             epochs_run, backstop = 0, False
             beta = update.scalar(kl_ctl.kl_coef)  # this iteration's KL-to-old coefficient
@@ -292,11 +299,12 @@ def main(args: Args) -> dict:
                 epoch_logprobs = []  # for the stats, reduced once per epoch
                 for _loss, (newlogprob, pg_loss, v_loss) in update.steps(batches, iteration, epoch):
                     epoch_logprobs.append(newlogprob.detach())
-                    losses.append(torch.stack([pg_loss.detach(), v_loss.detach()]))
+                    losses.add(policy_loss=pg_loss.detach(), value_loss=v_loss.detach())
                 # per-mini-batch stats of this epoch (the log-probs each mini-batch's loss saw)
-                stats.append(rgpo_epoch_stats(torch.stack(epoch_logprobs), b_anchor[torch.stack(idxs)], gate))
+                epoch_anchor = b_anchor[torch.stack(idxs)]
+                stats.add(**rgpo_epoch_stats(torch.stack(epoch_logprobs), epoch_anchor, gate))
                 epochs_run += 1
-                backstop = args.kl_backstop > 0 and float(torch.cat(stats)[:, 0].mean()) > args.kl_backstop
+                backstop = args.kl_backstop > 0 and stats.mean("kl") > args.kl_backstop
                 if backstop:
                     break
             update_time = time.perf_counter() - update_start
@@ -307,25 +315,14 @@ def main(args: Args) -> dict:
                 )
 
             # ---- logging
-            st = torch.cat(stats).double().numpy()
-            ls = torch.stack(losses).double().numpy()
-            row = iteration_metrics(
-                args,
+            row = run.iteration_metrics(
                 iteration,
-                rollout,
-                run,
-                agent,
-                optimizer,
-                st,
-                ls,
-                update.grad_var(st.shape[0]),
-                adv_np,
-                values_np,
-                n_episodes_before,
-                epochs_run,
-                kl_final,
-                (iter_start, rollout_time, update_time),
-                STAT_NAMES,
+                UpdateSummary(stats, losses, epochs_run, kl_final, update.grad_var(len(stats))),
+                agent=agent,
+                optimizer=optimizer,
+                advantages=adv_np,
+                values=values_np,
+                times=IterationTimes(iter_start, rollout_time, update_time),
             )
             kl_coef_used = kl_ctl.kl_coef
             kl_ctl.update(row["kl"])  # paper Eq. beta_update (adaptive), from this iteration's mean KL

@@ -15,16 +15,19 @@ import tyro
 
 import rgpo_trl
 from mujoco_baselines.common import (
+    SPIKE_KL,
     Agent,
+    IterationTimes,
+    MinibatchStats,
     MujocoEnv,
     NonFiniteLossError,
     Rollout,
-    Run,
+    TrainingRun,
     UpdateStep,
+    UpdateSummary,
     check_finite,
     cli,
     gradient_variance,
-    iteration_metrics,
     resolve_args,
     seed_everything,
 )
@@ -125,8 +128,8 @@ class Args:
     """coefficient of the value loss"""
     ent_coef: float = 0.0
     """coefficient of the entropy bonus"""
-    spike_kl: float = 0.04
-    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (2 x target 0.02)"""
+    spike_kl: float = SPIKE_KL
+    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (default: twice RGPO's KL target)"""
 
     # TRPO specific
     max_kl: float = 0.01
@@ -257,12 +260,9 @@ def value_minibatch_loss(agent, mb_obs, mb_returns, mb_values, args):
     return args.vf_coef * v_loss, v_loss
 
 
-STAT_NAMES = ["kl", "ess", "trpo_kl", "step_frac", "linesearch_evals"]
-
-
 def main(args: Args) -> dict:
     resolve_args(args)  # derived fields and input checks, before anything is created
-    run = Run(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
+    run = TrainingRun(args, TB_KEYS)  # run directory, config.json, TensorBoard, the checkpoint if resuming
     seed_everything(args)
 
     env = MujocoEnv(args)
@@ -293,7 +293,6 @@ def main(args: Args) -> dict:
             iter_start = time.perf_counter()
             lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
             optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
-            n_episodes_before = len(rollout.episode_returns)
 
             # ---- rollout
             b_values, next_value, b_logprobs = rollout.collect(run.writer)
@@ -339,20 +338,23 @@ def main(args: Args) -> dict:
             # KL to pi_old / ESS of the accepted step, per mini-batch (definitions in docs/mujoco.md, w = r)
             with torch.no_grad():
                 logratio = new_logprob - b_logprobs
-                stats = []
+                stats = MinibatchStats()
                 for start in range(0, T, mb):
                     lr_mb = logratio[perm[start : start + mb]]
-                    kl_mb = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(lr_mb)).mean()
-                    ess_mb = rgpo_trl.effective_sample_size(lr_mb.exp())
-                    accepted = [torch.tensor(trpo_kl), torch.tensor(step_frac), torch.tensor(float(ls_evals))]
-                    stats.append(torch.stack([kl_mb, ess_mb, *accepted]))
-            losses = []
+                    stats.add(
+                        kl=rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(lr_mb)).mean(),
+                        ess=rgpo_trl.effective_sample_size(lr_mb.exp()),
+                        trpo_kl=torch.tensor(trpo_kl),
+                        step_frac=torch.tensor(step_frac),
+                        linesearch_evals=torch.tensor(float(ls_evals)),
+                    )
+            losses = MinibatchStats()
             update.begin_iteration()
             epochs_run = 0
             for epoch in range(args.update_epochs):
                 batches = [(obs[idx], b_returns[idx], b_values[idx]) for idx in torch.randperm(T).split(mb)]
                 for _loss, v_loss in update.steps(batches, iteration, epoch):
-                    losses.append(torch.stack([pg_loss, v_loss.detach()]))
+                    losses.add(policy_loss=pg_loss, value_loss=v_loss.detach())
                 epochs_run += 1
             update_time = time.perf_counter() - update_start
             # KL of the iteration's final policy to pi_old over the whole batch (the value epochs leave the
@@ -360,26 +362,15 @@ def main(args: Args) -> dict:
             kl_final = float(rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean())
 
             # ---- logging
-            st = torch.stack(stats).double().numpy()
-            ls = torch.stack(losses).double().numpy()
             grad_var = gradient_variance(g_sum, g_sqsum, n_mb, n_policy_params)
-            row = iteration_metrics(
-                args,
+            row = run.iteration_metrics(
                 iteration,
-                rollout,
-                run,
-                agent,
-                optimizer,
-                st,
-                ls,
-                grad_var,
-                adv_np,
-                values_np,
-                n_episodes_before,
-                epochs_run,
-                kl_final,
-                (iter_start, rollout_time, update_time),
-                STAT_NAMES,
+                UpdateSummary(stats, losses, epochs_run, kl_final, grad_var),
+                agent=agent,
+                optimizer=optimizer,
+                advantages=adv_np,
+                values=values_np,
+                times=IterationTimes(iter_start, rollout_time, update_time),
             )
             run.log(iteration, row, agent, env)
         return run.finish(agent, env)

@@ -210,7 +210,9 @@ def test_ppo_epoch_stats_match_per_minibatch_float64_formulas():
     module = load("ppo")
     gen = torch.Generator().manual_seed(0)
     new, old = torch.randn(3, 16, generator=gen), torch.randn(3, 16, generator=gen)
-    st = module.ppo_epoch_stats(new, old, 0.2).double()
+    stats = module.ppo_epoch_stats(new, old, 0.2)
+    assert list(stats) == ["kl", "ess", "clipfrac"]
+    st = torch.stack(list(stats.values()), dim=1).double()
     for i in range(3):
         lr = (new[i] - old[i]).double()
         r = lr.exp()
@@ -533,9 +535,10 @@ def test_scripts_share_the_common_module_and_their_defaults():
         "Agent",
         "MujocoEnv",
         "Rollout",
-        "Run",
+        "TrainingRun",
         "UpdateStep",
-        "iteration_metrics",
+        "MinibatchStats",
+        "UpdateSummary",
         "resolve_args",
         "cli",
         "seed_everything",
@@ -558,6 +561,34 @@ def test_scripts_share_the_common_module_and_their_defaults():
     } <= common_fields
     for name in common_fields:
         assert len({repr(fields[m][name]) for m in METHODS}) == 1, f"Args.{name} differs between the scripts"
+    # the KL controller's defaults are written once, in rgpo_trl's AdaptiveKLController; a spike is 2 x target
+    adaptive = rgpo_trl.AdaptiveKLController()
+    assert fields["rgpo"]["kl_target"] == adaptive.kl_target == 0.02
+    assert (fields["rgpo"]["kl_coef"], fields["rgpo"]["kl_coef_min"], fields["rgpo"]["kl_coef_max"]) == (
+        adaptive.kl_coef,
+        adaptive.kl_coef_min,
+        adaptive.kl_coef_max,
+    )
+    assert fields["ppo"]["spike_kl"] == common.SPIKE_KL == 2 * adaptive.kl_target == 0.04
+
+
+def test_minibatch_stats_by_name():
+    """MinibatchStats: rows of named statistics, added per mini-batch (0-d) or per epoch (1-d), read by name
+    in the order they were added; the early stops' float32 mean is that of the joined column."""
+    import torch
+
+    from mujoco_baselines.common import MinibatchStats
+
+    stats = MinibatchStats()
+    stats.add(kl=torch.tensor([0.01, 0.03]), ess=torch.tensor([0.9, 0.8]), ratio_max=torch.tensor([1.5, 2.5]))
+    stats.add(kl=torch.tensor(0.02), ess=torch.tensor(0.7), ratio_max=torch.tensor(1.0))
+    assert len(stats) == 3 and stats.names == ("kl", "ess", "ratio_max")
+    arrays = stats.arrays()
+    assert list(arrays) == ["kl", "ess", "ratio_max"]
+    np.testing.assert_array_equal(arrays["ratio_max"], torch.tensor([1.5, 2.5, 1.0]).double().numpy())
+    assert stats.mean("kl") == float(torch.tensor([0.01, 0.03, 0.02]).mean())
+    with pytest.raises(ValueError, match="added where"):
+        stats.add(ess=torch.tensor(0.5), kl=torch.tensor(0.1), ratio_max=torch.tensor(1.0))
 
 
 def test_scripts_run_as_modules_and_as_files(tmp_path):
