@@ -14,6 +14,11 @@ import pytest
 import yaml
 from conftest import assets_cache_root
 
+from rgpo_trl.rlhf.arguments import HHScriptArguments, make_recipe_parser
+from rgpo_trl.rlhf.parsing import parse_recipe_args
+from rgpo_trl.rlhf.prompt_splits import split_validation
+from rgpo_trl.rlhf.worlds import resolve_tiny_assets
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "hh_rlhf_qwen.py"
 CONFIGS = ROOT / "recipes" / "accelerate_configs"
@@ -22,12 +27,16 @@ CONFIGS = ROOT / "recipes" / "accelerate_configs"
 def _load_recipe():
     spec = importlib.util.spec_from_file_location("hh_rlhf_qwen", RECIPE)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
     return module
 
 
 recipe = _load_recipe()
+
+
+def _run_recipe(argv):
+    """The recipe's ``main`` on a command line, as its ``__main__`` runs it."""
+    return recipe.main(*parse_recipe_args(argv))
 
 
 def _parse_paper(tmp_path, *extra):
@@ -41,7 +50,7 @@ def _parse_paper(tmp_path, *extra):
         str(tmp_path),
         *extra,
     ]
-    return recipe.parse_args(argv, check_hub=False)
+    return parse_recipe_args(argv, check_hub=False)
 
 
 def test_paper_preset_resolves_to_the_papers_hyperparameters(tmp_path):
@@ -109,7 +118,7 @@ def test_cli_and_yaml_override_the_preset(tmp_path):
         "--output_dir",
         str(tmp_path),
     ]
-    script, train, _ = recipe.parse_args(argv, check_hub=False)
+    script, train, _ = parse_recipe_args(argv, check_hub=False)
     assert script.world == "hh" and train.learning_rate == 5e-7 and train.make_gate().k == 4.0
     assert train.max_completion_length == 256  # the rest of the preset is kept
 
@@ -123,7 +132,7 @@ def test_bad_preset_or_method_is_refused(tmp_path, bad):
     with pytest.raises(
         ValueError, match="method must|config file .* not found.*paper, tiny, tiny_paper|world must"
     ):
-        recipe.parse_args(bad + ["--output_dir", str(tmp_path)], check_hub=False)
+        parse_recipe_args(bad + ["--output_dir", str(tmp_path)], check_hub=False)
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
@@ -195,7 +204,7 @@ def _tiny_argv(assets, out, method, iterations=2, extra=()):
 
 @pytest.mark.parametrize("method", ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"])
 def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method, capsys):
-    summary = recipe.main(_tiny_argv(quick_assets, tmp_path, method, extra=("--table_every", "1")))
+    summary = _run_recipe(_tiny_argv(quick_assets, tmp_path, method, extra=("--table_every", "1")))
     console = capsys.readouterr().out
     assert (
         "'loss'" not in console and "{'" not in console
@@ -238,7 +247,7 @@ def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
 
     methods.GRPOMonitoredTrainer.train = train
     try:
-        recipe.main(_tiny_argv(quick_assets, tmp_path, "grpo", iterations=1))
+        _run_recipe(_tiny_argv(quick_assets, tmp_path, "grpo", iterations=1))
     finally:
         methods.GRPOMonitoredTrainer.train = original
     assert seen == {"beta": 0.0, "args_beta": 0.0, "has_ref": True}
@@ -279,7 +288,7 @@ def test_two_process_runs_on_cpu(tmp_path, quick_assets, config, method):
 def test_dpo_baseline_trains_on_the_pairs_and_is_evaluated_like_the_online_methods(tmp_path, quick_assets):
     """DPO from the same initial policy on the tiny world's chosen/rejected pairs, for as many optimizer steps
     as an online run; its reward, gold and KL_ref come from the shared evaluation code."""
-    summary = recipe.main(_tiny_argv(quick_assets, tmp_path, "dpo", iterations=2))
+    summary = _run_recipe(_tiny_argv(quick_assets, tmp_path, "dpo", iterations=2))
     assert summary["method"] == "dpo" and summary["prompts"] == 8 and summary["pairs"] > 100
     assert summary["kl_ref"] > 0 and {"reward", "gold"} <= set(summary)  # the policy moved from the reference
     heldout = json.loads((tmp_path / "heldout.json").read_text())
@@ -299,7 +308,7 @@ def test_sft_baseline_is_the_initial_policy_through_the_same_evaluation(tmp_path
     from rgpo_trl.rlhf.rewards import load_pairwise_reward
     from rgpo_trl.tiny_hh import gold_reward_func_v3
 
-    summary = recipe.main(
+    summary = _run_recipe(
         _tiny_argv(quick_assets, tmp_path, "sft", iterations=2, extra=("--train_eval_prompts", "6"))
     )
     assert summary["method"] == "sft" and summary["optimizer_steps"] == 0 and summary["kl_ref"] == 0.0
@@ -327,7 +336,7 @@ def test_presets_have_their_own_world_and_default_output_directory():
     seen = {}
     for name, world in (("tiny", "tiny"), ("tiny_paper", "tiny"), ("paper", "hh")):
         config = str(ROOT / "recipes" / "configs" / f"hh_rlhf_{name}.yaml")
-        script, train, _ = recipe.parse_args(
+        script, train, _ = parse_recipe_args(
             ["--config", config, "--use_cpu", "true", "--bf16", "false"], check_hub=False
         )
         assert script.world == world and train.output_dir == f"runs/hh_rlhf_qwen/{name}-rgpo"
@@ -338,7 +347,7 @@ def test_presets_have_their_own_world_and_default_output_directory():
 def test_help_starts_with_the_description_and_the_scripts_own_options():
     from rgpo_trl import RGPOConfig
 
-    text = recipe.make_parser(RGPOConfig).format_help()
+    text = make_recipe_parser(RGPOConfig).format_help()
     head = text[: text.index("--output_dir")]
     assert "RGPO (and the paper's baselines) on Anthropic HH-RLHF" in text[:600]
     for option in ("--world", "--method", "--validation_prompts", "--table_every"):
@@ -351,7 +360,7 @@ def test_push_to_hub_is_refused_offline_before_anything_is_built(tmp_path, monke
     with pytest.raises(
         ValueError, match=r"push_to_hub=True but the Hugging Face Hub is offline .* drop --push_to_hub"
     ):
-        recipe.parse_args(
+        parse_recipe_args(
             ["--config", config, "--push_to_hub", "true", "--output_dir", str(tmp_path)], check_hub=False
         )
     assert not any(tmp_path.iterdir())
@@ -372,24 +381,24 @@ def test_v3_validation_prompts_come_from_their_own_split(tmp_path, quick_assets)
         "--validation_prompts",
         "16",
     ]
-    script, _, model = recipe.parse_args(argv, check_hub=False)
-    recipe.resolve_tiny_assets(script, model)
+    script, _, model = parse_recipe_args(argv, check_hub=False)
+    resolve_tiny_assets(script, model)
     assert script.tiny_version == 3 and script.validation_dataset_name == str(quick_assets.validation_file)
     tok = AutoTokenizer.from_pretrained(model.model_name_or_path)
     train, _ = load_hh_helpful_prompts(str(quick_assets.train_file), "train", tok, 128)
-    kept, validation = recipe.split_validation(train, script, tok)
+    kept, validation = split_validation(train, script, tok)
     expected, _ = load_hh_helpful_prompts(str(quick_assets.validation_file), "train", tok, 128)
     assert validation == list(expected.select(range(16))["prompt"]) and len(kept) == len(train)
     assert gold_for(3)[0] is gold_score_v3
     script.validation_prompts = 10_000
     with pytest.raises(ValueError, match="validation_prompts=10000"):
-        recipe.split_validation(train, script, tok)
+        split_validation(train, script, tok)
 
 
 def test_v2_preset_keeps_world_v2_and_v3_preset_names_its_splits():
     """The v2 protocol's preset pins world v2 (its committed results stay reproducible); the v3 preset names
     the validation split; a preset without the key gets the default, v3."""
-    default = recipe.HHScriptArguments.__dataclass_fields__["tiny_version"].default
+    default = HHScriptArguments.__dataclass_fields__["tiny_version"].default
     assert default == 3
     for name, version, validation in (
         ("tiny_paper", 2, None),
@@ -413,7 +422,7 @@ def test_tiny_async_run_shows_staleness_and_for_rgpo_the_gate(tmp_path, quick_as
         iterations=5,
         extra=("--trainer", "async", "--max_staleness", "4", "--rollout_lag", "2"),
     )
-    summary = recipe.main(argv)
+    summary = _run_recipe(argv)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and [r["iteration"] for r in rows] == [1, 2, 3, 4, 5]
     assert max(r.get("sample/staleness_max", 0) for r in rows) >= 1  # TRL's count, when a sample is taken
@@ -443,7 +452,7 @@ def test_tiny_async_run_shows_staleness_and_for_rgpo_the_gate(tmp_path, quick_as
 )
 def test_async_bad_input_is_refused_by_name(tmp_path, flags, needle):
     with pytest.raises((ValueError, SystemExit)) as info:
-        recipe.parse_args(
+        parse_recipe_args(
             [
                 "--config",
                 str(ROOT / "recipes/configs/hh_rlhf_tiny.yaml"),
@@ -454,13 +463,12 @@ def test_async_bad_input_is_refused_by_name(tmp_path, flags, needle):
                 *flags,
             ],
             check_hub=False,
-            resolve_assets=False,
         )
     assert needle in str(info.value)
 
 
 def test_cispo_is_trls_cispo_loss_with_the_shared_reference_penalty(tmp_path):
-    script_args, training_args, _ = recipe.parse_args(
+    script_args, training_args, _ = parse_recipe_args(
         [
             "--config",
             str(ROOT / "recipes/configs/hh_rlhf_tiny.yaml"),
@@ -470,7 +478,6 @@ def test_cispo_is_trls_cispo_loss_with_the_shared_reference_penalty(tmp_path):
             str(tmp_path),
         ],
         check_hub=False,
-        resolve_assets=False,
     )
     assert type(training_args).__name__ == "GRPOConfig" and training_args.loss_type == "cispo"
     assert training_args.epsilon_high == 5.0 and training_args.beta == 0.05

@@ -5,18 +5,32 @@
 - ``rgpo_old``: the same with the gate on pi/pi_behaviour alone.
 - ``grpo``: TRL's own `AsyncGRPOTrainer` (PPO clip at 0.2 against the behaviour policy, no reference).
 
-Imported only for ``--trainer async``: TRL's asynchronous trainer lives in ``trl.experimental``.
+`build_async_trainer` builds the recipe's trainer for one of them, with its rollout worker. Imported only for
+``--trainer async``: TRL's asynchronous trainer lives in ``trl.experimental``.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from accelerate import PartialState
+from trl import get_peft_config
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-from ..async_rgpo import AsyncRGPOConfig, AsyncRGPOTrainer
+from ..async_rgpo import (
+    AsyncRGPOConfig,
+    AsyncRGPOTrainer,
+    InProcessRolloutWorker,
+    InProcessWeightTransfer,
+    install_cpu_shims,
+)
+from ..cli import UsageError
 from .methods import BASE_METRICS
+
+logger = logging.getLogger("rgpo_trl.recipe")
 
 ASYNC_RGPO_METRICS = {
     "kl_ref": "rgpo/kl_ref",
@@ -65,3 +79,53 @@ def get_async_method(name: str) -> AsyncRLHFMethod:
     if name not in ASYNC_METHODS:
         raise ValueError(f"method must be one of {list(ASYNC_METHODS)} with trainer='async', got {name!r}")
     return ASYNC_METHODS[name]
+
+
+def build_async_trainer(
+    script_args, training_args, model_args, tokenizer, dataset, reward_funcs, reward_weights
+) -> tuple[AsyncRLHFMethod, AsyncGRPOTrainer]:
+    """(method, trainer) for the recipe's --trainer async: the method's asynchronous trainer with the
+    in-process rollout worker (a thread generating with transformers) or, on GPUs, TRL's vLLM worker; the
+    vLLM path fails up front when vllm is not installed. The preset's settings the trainer does not read
+    are logged."""
+    if PartialState().is_main_process and script_args.unused_preset_settings:
+        logger.info(
+            "the asynchronous trainer does not read these settings: %s", script_args.unused_preset_settings
+        )
+    method = get_async_method(script_args.method)
+    rollout = script_args.async_rollout  # resolved by the parser: in_process or vllm
+    if rollout == "vllm" and any(w != 1.0 for w in reward_weights):
+        raise UsageError(
+            f"reward weights {reward_weights} with async_rollout='vllm': TRL's vLLM worker adds every reward "
+            "function with weight 1, so the tiny world's gold score (weight 0) would be trained on; use "
+            "--async_rollout in_process"
+        )
+    workers = {}
+    if rollout == "in_process":
+        install_cpu_shims()
+        worker = InProcessRolloutWorker(
+            model_args.model_name_or_path,
+            tokenizer,
+            dataset,
+            reward_funcs,
+            training_args,
+            reward_weights=reward_weights,
+            lag=script_args.rollout_lag,
+        )
+        workers = {"rollout_worker": worker, "weight_transfer": InProcessWeightTransfer(worker)}
+    elif importlib.util.find_spec("vllm") is None:
+        raise UsageError(
+            "async_rollout='vllm' needs vllm (pip install vllm) and a running server: "
+            f"`trl vllm-serve --model {model_args.model_name_or_path}` (--vllm_server_base_url, default "
+            f"{training_args.vllm_server_base_url}); without a GPU use --async_rollout in_process"
+        )
+    trainer = method.trainer_class(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        **workers,
+    )
+    return method, trainer

@@ -1,0 +1,154 @@
+"""The HH-RLHF recipe's offline methods (`RLHFMethod.online` False): ``dpo`` (TRL's DPOTrainer on the
+dataset's chosen/rejected pairs) and ``sft`` (no training), evaluated like the online methods."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from transformers import AutoModelForCausalLM
+from trl import get_peft_config
+
+from .hh_data import load_hh_preference_pairs
+from .methods import get_rlhf_method
+from .prompt_splits import training_prompts
+from .recipe_evaluation import (
+    evaluate_on,
+    evaluate_prompts,
+    summary_window,
+    validation_callback,
+    write_heldout,
+)
+from .rewards import load_pairwise_reward
+from .runtime import finish
+
+logger = logging.getLogger("rgpo_trl.recipe")
+
+
+def run_offline(script_args, training_args, model_args, tokenizer, state) -> dict:
+    """An offline method: DPO (TRL's DPOTrainer on the dataset's chosen/rejected pairs from the same initial
+    policy and reference, for as many optimizer steps as the online methods take) or ``sft`` (no training: the
+    initial policy itself, the baseline every method starts from). Then the shared evaluation on training
+    prompts (summary.json, the counterpart of the online methods' window) and on held-out prompts
+    (heldout.json). Returns the summary ({} on all but single-process runs)."""
+    method = get_rlhf_method(script_args.method)
+    unused = script_args.unused_preset_settings
+    if state.is_main_process and unused:
+        logger.info("%s does not read these settings: %s", script_args.method, unused)
+    info: dict = {}
+    if state.num_processes > 1 and script_args.validation_prompts:
+        raise ValueError(
+            "validation_prompts: the validation evaluation runs in single-process runs only; set 0"
+        )
+    reward_model = load_pairwise_reward(
+        script_args.reward_model_name_or_path,
+        batch_size=script_args.reward_batch_size,
+        max_length=script_args.reward_max_length,
+    )
+    sampling = {  # the preset's generation settings, which the offline trainer does not read
+        "max_new_tokens": int(unused.get("max_completion_length", 64)),
+        "temperature": float(unused.get("temperature", 1.0)),
+        "seed": training_args.seed,
+    }
+    validation_prompts: list = []
+    if script_args.validation_prompts:  # the same validation prompts as the online methods, out of training
+        _, validation_prompts = training_prompts(script_args, tokenizer, state, log=False)
+    if method.trainer_class is None:  # the initial policy, evaluated as it is (its own reference: KL_ref = 0)
+        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(state.device)
+        ref_model, device = model, state.device
+        info.update(optimizer_steps=0)
+        if validation_prompts:  # one evaluation: the policy does not change
+            result = evaluate_prompts(
+                model,
+                ref_model,
+                tokenizer,
+                script_args,
+                reward_model.to(device),
+                validation_prompts,
+                sampling,
+                script_args.validation_samples,
+            )
+            os.makedirs(training_args.output_dir, exist_ok=True)
+            with open(os.path.join(training_args.output_dir, "validation.json"), "w") as f:
+                json.dump({"iterations": [0], "expected_iterations": [0], **result}, f, indent=2)
+    else:
+        with state.main_process_first():
+            pairs, stats = load_hh_preference_pairs(
+                script_args.dataset_name,
+                script_args.dataset_train_split,
+                tokenizer,
+                script_args.max_prompt_length,
+                data_dir=script_args.dataset_data_dir,
+            )
+        if validation_prompts:
+            held = {json.dumps(p, sort_keys=True) for p in validation_prompts}
+            pairs = pairs.filter(lambda r: json.dumps(r["prompt"], sort_keys=True) not in held)
+        if script_args.max_train_prompts is not None:
+            pairs = pairs.select(range(min(script_args.max_train_prompts, len(pairs))))
+        steps_per_iteration = int(unused.get("num_iterations", 2))  # as many optimizer steps as online runs
+        if training_args.max_steps is None or training_args.max_steps <= 0:
+            training_args.max_steps = script_args.num_rl_iterations * steps_per_iteration
+        trainer = method.trainer_class(
+            model=model_args.model_name_or_path,
+            args=training_args,
+            train_dataset=pairs,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )
+        reward_model.to(trainer.accelerator.device)
+        window = summary_window(script_args, training_args.max_steps // steps_per_iteration)
+        validation = validation_callback(
+            script_args,
+            training_args,
+            tokenizer,
+            validation_prompts,
+            reward_model,
+            lambda: trainer.ref_model,
+            sampling,
+            steps_per_iteration,
+            window,
+        )
+        if validation is not None:
+            trainer.add_callback(validation)
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        finish(trainer, script_args, training_args)
+        model, ref_model = trainer.accelerator.unwrap_model(trainer.model), trainer.ref_model
+        device = trainer.accelerator.device
+        info.update(pairs=len(pairs), optimizer_steps=trainer.state.global_step)
+    if state.num_processes > 1:
+        logger.warning("the %s evaluation runs in single-process runs only; skipped", method.name)
+        return {}
+    reward_model.to(device)
+    n_train = (
+        script_args.heldout_prompts
+        if script_args.train_eval_prompts is None
+        else script_args.train_eval_prompts
+    )
+    summary = evaluate_on(
+        model,
+        ref_model,
+        tokenizer,
+        script_args,
+        reward_model,
+        script_args.dataset_name,
+        script_args.dataset_train_split,
+        sampling,
+        n_train,
+    )
+    summary.update(
+        method=script_args.method,
+        world_size=state.num_processes,
+        **info,
+        unused_settings=unused,
+        evaluated_on="training prompts, one sample each" + (" after training" if info.get("pairs") else ""),
+    )
+    os.makedirs(training_args.output_dir, exist_ok=True)
+    with open(os.path.join(training_args.output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if script_args.heldout_prompts > 0:
+        write_heldout(
+            model, ref_model, tokenizer, script_args, training_args.output_dir, reward_model, sampling
+        )
+    logger.info("%s: %s", script_args.method, json.dumps(summary))
+    return summary

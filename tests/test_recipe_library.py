@@ -1,0 +1,141 @@
+"""The HH-RLHF recipe's library pieces (rgpo_trl.rlhf: arguments, parsing, worlds, prompt_splits,
+recipe_evaluation, runtime), without training: what they decide from the arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from datasets import Dataset
+
+from rgpo_trl.cli import UsageError
+from rgpo_trl.rlhf.arguments import HHScriptArguments, make_recipe_parser, model_config_without
+from rgpo_trl.rlhf.parsing import check_hub_ids, config_name, parse_recipe_args
+from rgpo_trl.rlhf.prompt_splits import split_validation
+from rgpo_trl.rlhf.recipe_evaluation import sampling_settings, summary_window, validation_callback
+from rgpo_trl.rlhf.runtime import init_distributed_for_cpu_deepspeed, model_init_kwargs, verbose_console
+from rgpo_trl.rlhf.worlds import (
+    WORLDS,
+    gold_function,
+    resolve_tiny_assets,
+    training_rewards,
+    unknown_tiny_asset,
+)
+from rgpo_trl.tiny_hh import gold_reward_func, gold_reward_func_v3
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "recipes" / "configs" / "hh_rlhf_tiny.yaml")
+
+
+def _script(**kw):
+    return SimpleNamespace(**{**vars(HHScriptArguments()), **kw})
+
+
+def test_config_name_is_the_preset_and_a_missing_file_lists_the_presets(tmp_path):
+    assert config_name([]) == "default"
+    assert config_name(["--config", TINY]) == "tiny"
+    with pytest.raises(ValueError, match=r"config file 'nope.yaml' not found.*for <name> in .*tiny_paper"):
+        config_name(["--config", "nope.yaml"])
+
+
+def test_parse_errors_are_usage_errors_and_method_defaults_sit_under_the_yaml(tmp_path):
+    with pytest.raises(UsageError, match="heldout_samples must be >= 1, got 0"):
+        parse_recipe_args(["--config", TINY, "--heldout_samples", "0"], check_hub=False)
+    script, train, model = parse_recipe_args(["--config", TINY, "--method", "grpo"], check_hub=False)
+    assert script.method == "grpo" and train.beta == 0.0 and train.loss_type == "grpo"  # the method's
+    assert train.learning_rate == 1e-4 and script.world == "tiny"  # the YAML's
+    assert model.model_name_or_path == "tiny-hh/policy"  # resolved later, by main
+    assert script.unused_preset_settings == {} and train.output_dir == "runs/hh_rlhf_qwen/tiny-grpo"
+
+
+def test_an_offline_method_lists_the_preset_settings_it_does_not_read():
+    script, train, _ = parse_recipe_args(["--config", TINY, "--method", "dpo"], check_hub=False)
+    assert type(train).__name__ == "DPOConfig"
+    assert script.unused_preset_settings["num_generations"] == "4"
+
+
+def test_hub_check_skips_tiny_assets_and_data_files():
+    check_hub_ids(  # nothing here names a hub id: no network, no error
+        _script(reward_model_name_or_path="tiny-hh/reward_model", dataset_name="data/train.jsonl"),
+        SimpleNamespace(model_name_or_path="tiny-hh/policy"),
+    )
+
+
+def test_parser_help_starts_with_the_description_and_async_has_one_dtype():
+    from rgpo_trl import RGPOConfig
+
+    text = make_recipe_parser(RGPOConfig).format_help()
+    assert text.index("RGPO (and the paper's baselines)") < text.index("--world") < text.index("--output_dir")
+    reduced = model_config_without({"dtype"})
+    names = set(reduced.__dataclass_fields__)
+    assert "dtype" not in names and "model_name_or_path" in names
+
+
+def test_unknown_tiny_asset_and_v2_validation_are_refused():
+    model = SimpleNamespace(model_name_or_path="tiny-hh/policy")
+    unknown_tiny_asset(_script(dataset_name="tiny-hh/train"), model)
+    with pytest.raises(ValueError, match=r"dataset_name='tiny-hh/trian': tiny-hh assets are"):
+        unknown_tiny_asset(_script(dataset_name="tiny-hh/trian"), model)
+    with pytest.raises(ValueError, match="tiny-hh/validation exists in world v3 only"):
+        unknown_tiny_asset(_script(tiny_version=2, validation_dataset_name="tiny-hh/validation"), model)
+
+
+def test_resolve_is_a_no_op_without_tiny_paths():
+    script, model = _script(), SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-1.5B-Instruct")
+    before = (dict(vars(script)), dict(vars(model)))
+    resolve_tiny_assets(script, model)  # would build assets (minutes) if it named one
+    assert (vars(script), vars(model)) == before
+
+
+def test_training_rewards_add_the_worlds_gold_with_weight_zero():
+    assert set(WORLDS) == {"hh", "tiny"}
+    rm = object()
+    assert training_rewards(_script(world="hh"), rm) == ([rm], [1.0]) and gold_function(_script()) is None
+    funcs, weights = training_rewards(_script(world="tiny", tiny_version=3), rm)
+    assert funcs == [rm, gold_reward_func_v3] and weights == [1.0, 0.0]
+    assert gold_function(_script(world="tiny", tiny_version=2)) is gold_reward_func
+
+
+def test_split_validation_holds_the_last_prompts_out():
+    prompts = [[{"role": "user", "content": f"q{i % 5}"}] for i in range(10)]
+    train, validation = split_validation(
+        Dataset.from_dict({"prompt": prompts}), _script(validation_prompts=2), None
+    )
+    assert validation == prompts[-2:]  # q3, q4: their repeats leave training too
+    assert [p[0]["content"] for p in train["prompt"]] == ["q0", "q1", "q2", "q0", "q1", "q2"]
+
+
+def test_summary_window_and_validation_iterations():
+    assert summary_window(_script(window_start=None, window_end=None), 8) == (6, 8)
+    assert summary_window(_script(window_start=2, window_end=5), 8) == (2, 5)
+    args = SimpleNamespace(output_dir="out", seed=3, max_completion_length=8, temperature=0.7)
+    assert sampling_settings(args) == {"max_new_tokens": 8, "temperature": 0.7, "seed": 3}
+    assert (
+        validation_callback(_script(validation_prompts=0), args, None, [], None, None, {}, 2, (2, 8)) is None
+    )
+    callback = validation_callback(
+        _script(validation_prompts=1, validation_every=3), args, None, ["p"], None, None, {}, 2, (2, 8)
+    )
+    assert callback.iterations == [5, 8] and callback.seed == 3000 and callback.steps_per_iteration == 2
+
+
+def test_model_init_kwargs_and_console():
+    model = SimpleNamespace(model_revision="main", attn_implementation="eager", dtype="float32")
+    train = SimpleNamespace(trust_remote_code=False, model_init_kwargs={"dtype": "bfloat16"})
+    kwargs = model_init_kwargs(model, train)
+    assert kwargs == {
+        "revision": "main",
+        "trust_remote_code": False,
+        "attn_implementation": "eager",
+        "dtype": "bfloat16",
+    }
+    assert "attn_implementation" not in model_init_kwargs(model, train, trainer="async")
+    assert verbose_console(SimpleNamespace(log_level="info")) and not verbose_console(
+        SimpleNamespace(log_level="passive")
+    )
+
+
+def test_no_distributed_start_outside_a_cpu_deepspeed_launch(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    assert init_distributed_for_cpu_deepspeed() is False
