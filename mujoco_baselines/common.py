@@ -471,6 +471,7 @@ def cli(main, args_class, description: str) -> None:
     from rgpo_trl.cli import run_main
 
     errors = (UsageError, CheckpointError, NonFiniteLossError)
+    # parsed inside run_main, once it has taken --debug out of sys.argv
     sys.exit(run_main(lambda: main(tyro.cli(args_class, description=description)), errors=errors))
 
 
@@ -652,9 +653,11 @@ def minibatches(idxs, *tensors, shared: tuple = ()) -> list[tuple]:
 class UpdateStep:
     """The mini-batch optimiser step, eager or --compile (`CompiledAdamStep`: the same step as one compiled
     function, 4 mini-batches per call), chosen once at setup behind one call:
-    ``steps(batches, iteration, epoch)`` yields each mini-batch's (loss, aux) after its step. It accumulates
-    the statistics of the gradient variance (the gradients of ``tracked`` parameters, before clipping):
-    ``g_sum``, ``g_sqsum``."""
+    ``steps(batches, iteration, epoch)`` yields each mini-batch's (loss, aux) after its step. ``loss_fn(agent,
+    *batch)`` returns (loss, aux), aux (new log-probs, policy loss, value loss, ...); a value-only step's aux
+    is its value loss, and ``begin_iteration`` gets the iteration's policy loss. A non-finite loss stops the
+    run before its step, with both losses in the message. It accumulates the statistics of the gradient
+    variance (the gradients of ``tracked`` parameters, before clipping): ``g_sum``, ``g_sqsum``."""
 
     def __init__(
         self,
@@ -665,11 +668,9 @@ class UpdateStep:
         max_grad_norm: float,
         tracked=None,
         fast: bool = False,
-        check=None,
     ):
         self.agent, self.optimizer, self.loss_fn = agent, optimizer, loss_fn
-        # stops the run on a non-finite loss, before its step: check(loss, aux, iteration, epoch, minibatch)
-        self.check = check or (lambda loss, aux, *where: check_finite(loss, aux[1], aux[2], *where))
+        self.policy_loss = None  # the iteration's policy loss, for a value-only step (begin_iteration)
         self.params, self.max_grad_norm, self.tracked = list(params), max_grad_norm, tracked
         self.n_tracked = sum(p.numel() for p in tracked) if tracked else 0
         self.compiled = None
@@ -686,9 +687,19 @@ class UpdateStep:
         self.scalar = torch.tensor if self.compiled is not None else float
         self.g_sum, self.g_sqsum = None, 0.0
 
-    def begin_iteration(self) -> None:
+    def begin_iteration(self, policy_loss=None) -> None:
+        """Before an iteration's steps; ``policy_loss``: the iteration's, where the steps train the value
+        only."""
         self.g_sum = torch.zeros(self.n_tracked) if self.compiled is None else self.compiled.g_sum.zero_()
         self.g_sqsum = 0.0
+        self.policy_loss = policy_loss
+
+    def check(self, loss, aux, iteration: int, epoch: int, minibatch: int) -> None:
+        """Stops the run on a non-finite loss, before its step."""
+        if self.policy_loss is None:
+            check_finite(loss, aux[1], aux[2], iteration, epoch, minibatch)
+        else:
+            check_finite(loss, self.policy_loss, aux, iteration, epoch, minibatch)
 
     def _eager_steps(self, batches, iteration, epoch):
         for j, batch in enumerate(batches):
@@ -728,9 +739,9 @@ def gradient_variance(g_sum, g_sqsum: float, n_mb: int, n_params: int) -> float:
 # --------------------------------------------------------------------------------------------- #
 # An iteration's metrics: the statistics of its update by name, its timings, and the row of metrics.csv.
 # --------------------------------------------------------------------------------------------- #
-# The adaptive KL controller's defaults (the paper's: beta_0 0.5, target 0.02, beta in [0.01, 5]) are written
-# once, in rgpo_trl's AdaptiveKLController; RGPO's flags take them from here, and a 'KL spike' is an
-# iteration whose KL to pi_old exceeds twice the target (every script's --spike-kl default).
+# The adaptive KL controller's defaults (the paper's beta_0, target and bounds of beta) are written once, in
+# rgpo_trl's AdaptiveKLController; RGPO's flags take them from here, and a 'KL spike' is an iteration whose
+# KL to pi_old exceeds twice the target (every script's --spike-kl default).
 KL_CONTROLLER_DEFAULTS: dict[str, float] = {
     name: parameter.default for name, parameter in inspect.signature(AdaptiveKLController).parameters.items()
 }

@@ -3,6 +3,7 @@
 # update (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -204,7 +205,7 @@ def main(args: Args) -> dict:
     update = UpdateStep(
         agent,
         optimizer,
-        lambda agent, *batch: minibatch_loss(agent, *batch, args=args),
+        functools.partial(minibatch_loss, args=args),
         agent.parameters(),
         args.max_grad_norm,
         agent.policy_parameters(),

@@ -5,6 +5,7 @@
 # update (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -244,7 +245,7 @@ def main(args: Args) -> dict:
     update = UpdateStep(
         agent,
         optimizer,
-        lambda agent, *batch: minibatch_loss(agent, *batch, gate=gate, args=args),
+        functools.partial(minibatch_loss, gate=gate, args=args),
         agent.parameters(),
         args.max_grad_norm,
         agent.policy_parameters(),

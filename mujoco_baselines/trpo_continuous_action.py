@@ -5,6 +5,7 @@
 # update (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -25,7 +26,6 @@ from mujoco_baselines.common import (
     TrainingRun,
     UpdateStep,
     UpdateSummary,
-    check_finite,
     cli,
     gradient_variance,
     resolve_args,
@@ -274,15 +274,13 @@ def main(args: Args) -> dict:
     # chosen here, once: the Fisher-vector products (autograd, or --compile's closed form) and the value step
     # (eager, or --compile's compiled function)
     make_fvp = gauss_newton_fvp if args.compile else fisher_vector_product
-    current = {}  # the iteration's TRPO surrogate, for the non-finite-loss message of the value steps
     update = UpdateStep(
         agent,
         optimizer,
-        lambda agent, *batch: value_minibatch_loss(agent, *batch, args=args),
+        functools.partial(value_minibatch_loss, args=args),
         agent.critic.parameters(),
         args.max_grad_norm,
         fast=args.compile,
-        check=lambda loss, v_loss, *where: check_finite(loss, current["pg_loss"], v_loss, *where),
     )
     rollout = Rollout(args, env, agent, fast=args.compile)
     run.restore({"agent": agent, "optimizer": optimizer, "env": env}, rollout)
@@ -334,7 +332,6 @@ def main(args: Args) -> dict:
                     f"non-finite loss at iteration {iteration} (TRPO surrogate): "
                     f"policy_loss={pg_loss.item()}; stopping instead of training on garbage"
                 )
-            current["pg_loss"] = pg_loss
             # KL to pi_old / ESS of the accepted step, per mini-batch (definitions in docs/mujoco.md, w = r)
             with torch.no_grad():
                 logratio = new_logprob - b_logprobs
@@ -349,7 +346,7 @@ def main(args: Args) -> dict:
                         linesearch_evals=torch.tensor(float(ls_evals)),
                     )
             losses = MinibatchStats()
-            update.begin_iteration()
+            update.begin_iteration(policy_loss=pg_loss)  # for the non-finite-loss message of the value steps
             epochs_run = 0
             for epoch in range(args.update_epochs):
                 batches = [(obs[idx], b_returns[idx], b_values[idx]) for idx in torch.randperm(T).split(mb)]

@@ -266,6 +266,26 @@ def test_nan_loss_stops_with_iteration(method, tmp_path, monkeypatch):
         module.main(small_args(module, tmp_path, "nan"))
 
 
+def test_nan_value_loss_stops_trpo_with_both_losses(tmp_path, monkeypatch):
+    """TRPO's value-only steps stop on a non-finite loss, naming the iteration's (finite) TRPO surrogate as
+    the policy loss beside the value loss."""
+    import torch
+
+    module = load("trpo")
+    real, count = module.value_minibatch_loss, [0]
+
+    def poisoned(*a, **kw):
+        loss, v_loss = real(*a, **kw)
+        count[0] += 1
+        return (loss * torch.nan, v_loss * torch.nan) if count[0] == 7 else (loss, v_loss)
+
+    monkeypatch.setattr(module, "value_minibatch_loss", poisoned)
+    from mujoco_baselines import common
+
+    with pytest.raises(common.NonFiniteLossError, match=r"iteration 1 .*policy_loss=-?\d.*value_loss=nan"):
+        module.main(small_args(module, tmp_path, "nan"))
+
+
 def test_trpo_step_respects_kl_bound(tmp_path):
     module = load("trpo")
     module.main(small_args(module, tmp_path, "t", total_timesteps=256 * 3))
