@@ -11,6 +11,7 @@ from datasets import Dataset
 
 from rgpo_trl.cli import UsageError
 from rgpo_trl.rlhf.arguments import HHScriptArguments, make_recipe_parser, model_config_without
+from rgpo_trl.rlhf.offline import PresetGeneration, preset_generation
 from rgpo_trl.rlhf.parsing import check_hub_ids, config_name, parse_recipe_args
 from rgpo_trl.rlhf.prompt_splits import split_validation
 from rgpo_trl.rlhf.recipe_evaluation import sampling_settings, summary_window, validation_callback
@@ -139,3 +140,11 @@ def test_model_init_kwargs_and_console():
 def test_no_distributed_start_outside_a_cpu_deepspeed_launch(monkeypatch):
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     assert init_distributed_for_cpu_deepspeed() is False
+
+
+def test_an_offline_methods_preset_generation_is_typed_from_the_leftover_settings():
+    settings = preset_generation(
+        {"max_completion_length": "24", "temperature": "0.7", "num_generations": "4"}
+    )
+    assert (settings.max_completion_length, settings.temperature, settings.num_iterations) == (24, 0.7, 2)
+    assert preset_generation({}) == PresetGeneration()  # the defaults: 64 tokens, temperature 1, 2 steps

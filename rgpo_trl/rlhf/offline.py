@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, HfArgumentParser
 from trl import get_peft_config
 
 from .hh_data import load_hh_preference_pairs
@@ -24,6 +25,27 @@ from .rewards import load_pairwise_reward
 from .runtime import finish
 
 logger = logging.getLogger("rgpo_trl.recipe")
+
+
+@dataclass
+class PresetGeneration:
+    """The preset's settings an offline method's trainer config (DPOConfig) has no field for but its run still
+    uses, with the online methods' meaning: the evaluation's completion length and temperature, and
+    ``num_iterations``, the optimizer steps of one iteration (so DPO takes as many steps as an online run)."""
+
+    max_completion_length: int = 64
+    temperature: float = 1.0
+    num_iterations: int = 2
+
+
+def preset_generation(unused_settings: dict[str, str]) -> PresetGeneration:
+    """`PresetGeneration` from the settings the parser left over (``unused_preset_settings``: name -> the
+    command-line string), typed by its fields; the others are ignored."""
+    args = [s for name, value in unused_settings.items() for s in (f"--{name}", value)]
+    settings, _ = HfArgumentParser(PresetGeneration, allow_abbrev=False).parse_args_into_dataclasses(
+        args=args, return_remaining_strings=True
+    )
+    return settings
 
 
 def run_offline(script_args, training_args, model_args, tokenizer, state) -> dict:
@@ -46,9 +68,10 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         batch_size=script_args.reward_batch_size,
         max_length=script_args.reward_max_length,
     )
-    sampling = {  # the preset's generation settings, which the offline trainer does not read
-        "max_new_tokens": int(unused.get("max_completion_length", 64)),
-        "temperature": float(unused.get("temperature", 1.0)),
+    preset = preset_generation(unused)
+    sampling = {
+        "max_new_tokens": preset.max_completion_length,
+        "temperature": preset.temperature,
         "seed": training_args.seed,
     }
     validation_prompts: list = []
@@ -86,7 +109,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
             pairs = pairs.filter(lambda r: json.dumps(r["prompt"], sort_keys=True) not in held)
         if script_args.max_train_prompts is not None:
             pairs = pairs.select(range(min(script_args.max_train_prompts, len(pairs))))
-        steps_per_iteration = int(unused.get("num_iterations", 2))  # as many optimizer steps as online runs
+        steps_per_iteration = preset.num_iterations  # as many optimizer steps as an online run
         if training_args.max_steps is None or training_args.max_steps <= 0:
             training_args.max_steps = script_args.num_rl_iterations * steps_per_iteration
         trainer = method.trainer_class(
