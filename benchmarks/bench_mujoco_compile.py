@@ -7,7 +7,7 @@ For each script (ppo, rgpo, trpo, awr) and width (64, 256), every round starts t
 repository at ``--baseline-ref``, extracted with ``git archive``: the eager update, bit-identical to today's
 default) and today's script with ``--compile`` at the same moment on the two cores, with one torch thread
 each, in alternating launch order; each pair gives one speed-up ratio, so machine load hits both sides alike
-(``TORCHINDUCTOR_COMPILE_THREADS=1``, as grid.py sets it: the compiling run keeps to its own core). A third
+(``TORCHINDUCTOR_COMPILE_THREADS=1``, as mujoco_grid.py sets it: the compiling run keeps to its own core). A third
 pair per round runs CleanRL's ``ppo_continuous_action.py`` (patched for gymnasium 1.x as in
 bench_mujoco_speed.py) beside the baseline PPO at width 64.
 
@@ -137,7 +137,7 @@ def main() -> None:
     raw = {e: raw_env_rate(e, args.raw_steps) for e in ENVS}
     print({e: round(r) for e, r in raw.items()}, flush=True)
 
-    # one core per run, compilation included (inductor compiles on all cores by default), as grid.py runs them
+    # one core per run, compilation included (inductor compiles on all cores by default), as mujoco_grid.py runs them
     env = {**os.environ, **ONE_THREAD, "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1"]

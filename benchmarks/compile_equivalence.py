@@ -1,6 +1,6 @@
 r"""Does `--compile` learn the same as the eager update? Reads the grid suite `compile_equiv`.
 
-    python mujoco_baselines/grid.py compile_equiv --jobs 2      # 48 runs: 4 scripts x Hopper/HalfCheetah x
+    python -m rgpo_lab.mujoco_grid compile_equiv --jobs 2      # 48 runs: 4 scripts x Hopper/HalfCheetah x
                                                                  # seeds 0-2 x eager/--compile, 300k steps
     python benchmarks/compile_equivalence.py results/mujoco \
         --out benchmarks/results/mujoco_compile_equivalence
@@ -116,7 +116,7 @@ def markdown(r: dict, command: str) -> str:
     lines = [
         "# `--compile` vs eager: learning outcomes over seeds",
         "",
-        f"Command: `{command}` (runs: `python mujoco_baselines/grid.py compile_equiv`). Mean ± sample std "
+        f"Command: `{command}` (runs: `python -m rgpo_lab.mujoco_grid compile_equiv`). Mean ± sample std "
         "over seeds 0-2, 300k steps, width 256; Δ = (compiled − eager mean) / eager seed std; p: two-sided "
         "Welch t-test. Criterion fixed before the runs: agrees if no metric has p < 0.05 (low power with 3 "
         f"seeds). Commits of the runs: eager {', '.join(r['commits']['eager']) or '-'}; --compile "

@@ -56,7 +56,7 @@ class Args:
     checkpoint_every: int = 10
     """save a resumable checkpoint every this many iterations (0: never)"""
     checkpoint_dir: str | None = None
-    """where checkpoint.pt goes (default: the run directory); grid.py keeps checkpoints out of results/"""
+    """where checkpoint.pt goes (default: the run directory); mujoco_grid.py keeps checkpoints out of results/"""
     resume: bool = False
     """continue from the checkpoint if it exists (needs --run-name; refused if the configuration differs)"""
     keep_checkpoint: bool = False

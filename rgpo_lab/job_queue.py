@@ -1,5 +1,5 @@
 """Run a queue of subprocesses N at a time, on this machine or as Ray tasks: the scheduler shared by the
-MuJoCo grid (``mujoco_baselines/grid.py``) and the RLHF suite (``rgpo_lab/rlhf_suite.py``).
+MuJoCo grid (``rgpo_lab/mujoco_grid.py``) and the RLHF suite (``rgpo_lab/rlhf_suite.py``).
 
 The suites decide what a run is: its command and log file when it starts (a resumed run looks for its
 checkpoint then), whether it succeeded when it ends, and what the progress display shows. Interrupted

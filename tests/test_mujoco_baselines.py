@@ -627,8 +627,8 @@ def test_scripts_run_as_modules_and_as_files(tmp_path):
 
 
 def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, monkeypatch):
-    """A run interrupted after its first checkpoint is resumed by grid.py and ends with the metrics of an
-    uninterrupted grid.py run; a second grid.py call skips every finished run."""
+    """A run interrupted after its first checkpoint is resumed by mujoco_grid.py and ends with the metrics of an
+    uninterrupted mujoco_grid.py run; a second mujoco_grid.py call skips every finished run."""
     import tyro
 
     grid = _load_grid()
@@ -676,7 +676,7 @@ def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, 
 
 
 def test_grid_compile_flag_adds_compile_to_every_run_but_not_to_compile_equiv(capsys):
-    """`grid.py --compile` passes --compile to every script of the named suites (run names unchanged, so a run
+    """`mujoco_grid.py --compile` passes --compile to every script of the named suites (run names unchanged, so a run
     resumes in either mode) and refuses compile_equiv, whose eager side must stay eager."""
     grid = _load_grid()
     assert grid.main(["smoke", "gates", "--compile", "--list"]) == 0
@@ -693,11 +693,7 @@ def test_grid_compile_flag_adds_compile_to_every_run_but_not_to_compile_equiv(ca
 
 
 def _load_grid():
-    spec = importlib.util.spec_from_file_location("grid", os.path.join(ROOT, "mujoco_baselines", "grid.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["grid"] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("rgpo_lab.mujoco_grid")
 
 
 @pytest.mark.slow  # a Ray instance takes minutes to start on a loaded 2-core machine

@@ -1,4 +1,4 @@
-"""mujoco_baselines/report.py on a synthetic results folder: known numbers in, known tables out, statistics
+"""rgpo_lab/mujoco_report.py on a synthetic results folder: known numbers in, known tables out, statistics
 checked against scipy."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pandas as pd
@@ -16,16 +15,7 @@ from scipy import stats
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load(name):
-    path = os.path.join(ROOT, "mujoco_baselines", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _load("report")
+report = importlib.import_module("rgpo_lab.mujoco_report")
 
 
 def write_run(

@@ -1,9 +1,9 @@
 """Run named suites of the MuJoCo baselines: N runs at a time, finished runs skipped, interrupted runs
 resumed.
 
-    python mujoco_baselines/grid.py main                   # the paper's 48 runs into results/mujoco/main/
-    python mujoco_baselines/grid.py main ppo_kl --jobs 2   # several suites, 2 runs side by side
-    python mujoco_baselines/grid.py --list                 # the suites and their runs
+    python -m rgpo_lab.mujoco_grid main                   # the paper's 48 runs into results/mujoco/main/
+    python -m rgpo_lab.mujoco_grid main ppo_kl --jobs 2   # several suites, 2 runs side by side
+    python -m rgpo_lab.mujoco_grid --list                 # the suites and their runs
 
 Plays the role of CleanRL's ``cleanrl_utils/benchmark.py`` (whose wheel does not install on Python 3.11).
 Every run is a subprocess of one of the four scripts with one torch thread, writing to
@@ -29,8 +29,8 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "mujoco_baselines")
 MUJOCO_ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
 
 
@@ -49,7 +49,7 @@ class Run:
         return f"{self.env_id}__{self.method}__{self.variant}__s{self.seed}__{self.total_timesteps // 1000}k"
 
     def command(self, output_dir: str, checkpoint_dir: str) -> list[str]:
-        script = os.path.join(HERE, f"{self.method}_continuous_action.py")
+        script = os.path.join(SCRIPTS, f"{self.method}_continuous_action.py")
         argv = [sys.executable, script, "--env-id", self.env_id, "--seed", str(self.seed)]
         argv += ["--total-timesteps", str(self.total_timesteps), "--output-dir", output_dir]
         argv += ["--run-name", self.name, "--resume", "--checkpoint-dir", checkpoint_dir]

@@ -1,9 +1,9 @@
 """The paper's MuJoCo tables and figures from a results directory, next to the paper's own numbers.
 
-    python mujoco_baselines/report.py results/mujoco --out results/mujoco/report
+    python -m rgpo_lab.mujoco_report results/mujoco --out results/mujoco/report
 
-Reads only ``<results>/<suite>/<run>/{config.json, metrics.csv, final.json}`` (as written by ``grid.py``) and
-the suite definitions in ``grid.py`` (to list the runs that have not run yet). Writes ``<out>/report.md``, one
+Reads only ``<results>/<suite>/<run>/{config.json, metrics.csv, final.json}`` (as written by ``mujoco_grid.py``) and
+the suite definitions in ``mujoco_grid.py`` (to list the runs that have not run yet). Writes ``<out>/report.md``, one
 CSV per table and the figures as PNG. Only finished runs (with ``final.json``) enter a table; the others are
 counted as in progress or not run, never filled in.
 
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from rgpo_lab.mujoco_grid import SUITES
 from rgpo_lab.statistics import (
     holm,
     iqm,
@@ -46,7 +47,6 @@ from rgpo_lab.statistics import (
     welch,
 )
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
 METHODS = ["ppo", "trpo", "awr", "rgpo"]
 SPIKE_KL = 0.04
@@ -133,7 +133,7 @@ class Run:
         return self.cfg["env_id"]
 
     @property
-    def variant(self) -> str:  # grid.py names runs {env}__{method}__{variant}__s{seed}__{steps}k
+    def variant(self) -> str:  # mujoco_grid.py names runs {env}__{method}__{variant}__s{seed}__{steps}k
         parts = self.name.split("__")
         return parts[2] if len(parts) == 5 else "default"
 
@@ -522,8 +522,6 @@ def ppo_kl_md(runs) -> str:
 
 
 def status_md(runs) -> str:
-    from mujoco_baselines.grid import SUITES
-
     have = {(r.suite, r.name): r for r in runs}
     lines = ["| suite | runs | finished | in progress | not started |", "|---|---|---|---|---|"]
     for suite, expected in SUITES.items():
@@ -1444,7 +1442,7 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
     md = [
         "# MuJoCo results vs the paper",
         "",
-        f"Command: `python mujoco_baselines/report.py {results} --out {out}`. Statistics as in the report's "
+        f"Command: `python -m rgpo_lab.mujoco_report {results} --out {out}`. Statistics as in the report's "
         "docstring: mean ± sample std (ddof 1) over n finished seeds; 'not run' = no finished run yet.",
         "",
     ]
