@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "mujoco_baselines")
 MUJOCO_ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
+MUJOCO_METHODS = ["ppo", "trpo", "awr", "rgpo"]  # the paper's table order
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rgpo_lab.mujoco_grid import SUITES
+from mujoco_baselines.common import SPIKE_KL
+from rgpo_lab.mujoco_grid import MUJOCO_ENVS, MUJOCO_METHODS, SUITES
 from rgpo_lab.statistics import (
     holm,
     iqm,
@@ -47,9 +48,8 @@ from rgpo_lab.statistics import (
     welch,
 )
 
-ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
-METHODS = ["ppo", "trpo", "awr", "rgpo"]
-SPIKE_KL = 0.04
+ENVS = MUJOCO_ENVS
+METHODS = MUJOCO_METHODS
 
 # The paper's numbers (tables main_results, kl_stats, ess_all, gate_cmp, k_sweep, longhorizon; Ablation F).
 PAPER_RETURNS = {  # env -> method -> (mean, std or None)

@@ -30,11 +30,10 @@ import os
 import numpy as np
 from scipy import stats
 
+from rgpo_lab.rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, METHODS, ONLINE, REUSE, REUSE_BASE
 from rgpo_lab.statistics import holm, mean_std
 from rgpo_lab.statistics import welch as welch_test
 
-METHODS = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo", "dpo", "sft"]
-ONLINE = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo"]
 BIN = 25  # iterations per bin of the per-iteration curves (25 x 16 samples per bin and seed)
 PROXY, GOLD, KL = "rewards/reward_model/mean", "rewards/gold/mean", "kl_ref/monitor"
 # The paper's Table rlhf_main (reward improvement over the initial policy; KL to the reference), Qwen2.5-1.5B.
@@ -861,7 +860,6 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
 def build_studies(root: str, out: str, plots: bool = True) -> str:
     """The studies' report: the tuning selection, the final comparison (its own report under final/report),
     the beta_ref frontiers and the batch-reuse study, from the committed runs under ``root``."""
-    from rgpo_lab.rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, REUSE, REUSE_BASE
 
     os.makedirs(out, exist_ok=True)
     parts = [
