@@ -49,10 +49,10 @@ from rgpo_trl.rlhf.offline import run_offline
 from rgpo_trl.rlhf.parsing import parse_recipe_args
 from rgpo_trl.rlhf.prompt_splits import training_prompts
 from rgpo_trl.rlhf.recipe_evaluation import (
+    add_validation,
     heldout_after_training,
     sampling_settings,
     summary_window,
-    validation_callback,
 )
 from rgpo_trl.rlhf.rewards import load_pairwise_reward
 from rgpo_trl.rlhf.runtime import (
@@ -133,19 +133,17 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     if not verbose_console(training_args):
         quiet_console(trainer)
     sampling = sampling_settings(training_args)
-    validation = validation_callback(
+    add_validation(
+        trainer,
         script_args,
         training_args,
         tokenizer,
         validation_prompts,
         reward_model,
-        lambda: trainer.ref_model,
         sampling,
         steps_per_iteration,
         window,
     )
-    if validation is not None:
-        trainer.add_callback(validation)
     if state.is_main_process:
         logger.info(
             "%s (%s world): %d iterations x %d optimizer steps, %d process(es), metrics -> %s/metrics.jsonl",

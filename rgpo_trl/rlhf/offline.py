@@ -15,10 +15,10 @@ from .hh_data import load_hh_preference_pairs
 from .methods import get_rlhf_method
 from .prompt_splits import training_prompts
 from .recipe_evaluation import (
+    add_validation,
     evaluate_on,
     evaluate_prompts,
     summary_window,
-    validation_callback,
     write_heldout,
 )
 from .rewards import load_pairwise_reward
@@ -121,19 +121,17 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         )
         reward_model.to(trainer.accelerator.device)
         window = summary_window(script_args, training_args.max_steps // steps_per_iteration)
-        validation = validation_callback(
+        add_validation(
+            trainer,
             script_args,
             training_args,
             tokenizer,
             validation_prompts,
             reward_model,
-            lambda: trainer.ref_model,
             sampling,
             steps_per_iteration,
             window,
         )
-        if validation is not None:
-            trainer.add_callback(validation)
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         finish(trainer, script_args, training_args)
         model, ref_model = trainer.accelerator.unwrap_model(trainer.model), trainer.ref_model

@@ -134,6 +134,34 @@ def validation_callback(
     )
 
 
+def add_validation(
+    trainer,
+    script_args,
+    training_args,
+    tokenizer,
+    prompts,
+    reward_model,
+    sampling,
+    steps_per_iteration,
+    window,
+) -> None:
+    """Attach `validation_callback` to ``trainer`` (online and offline methods alike), against the trainer's
+    own reference model; nothing when ``validation_prompts`` is 0."""
+    callback = validation_callback(
+        script_args,
+        training_args,
+        tokenizer,
+        prompts,
+        reward_model,
+        lambda: trainer.ref_model,
+        sampling,
+        steps_per_iteration,
+        window,
+    )
+    if callback is not None:
+        trainer.add_callback(callback)
+
+
 def write_heldout(
     model, ref_model, tokenizer, script_args, output_dir, reward_model, sampling, name: str = "heldout.json"
 ) -> dict:
