@@ -24,7 +24,8 @@ rate, ``num_iterations``) comes from the preset, so runs differ only in the poli
 
 More are added with `register_rlhf_method`. KL to the reference is the paper's primary RLHF stability
 metric, also for GRPO, which does not optimise it: `ReferenceKLMonitor` computes it the same way for every
-method from log-probabilities the trainer already has.
+method, from the reference log-probabilities the trainer computes for its loss or, for GRPO (beta = 0), from
+the same reference forward made by the monitor itself.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import use_adapter
 
 from ..core import clamp_log_ratio, kl_ref_estimate
 from ..trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
@@ -52,12 +54,20 @@ logger = logging.getLogger("rgpo_trl.recipe")
 
 class ReferenceKLMonitor:
     """Mixin: logs ``kl_ref/monitor`` = mean k3 KL(pi_old || pi_ref) over the completion tokens of each
-    generation batch, for every method, with the reference log-probs TRL computes anyway.
+    generation batch, for every method.
 
-    TRL builds the reference model, and scores each generation batch under it, only when ``beta != 0``. A
-    method trained with beta = 0 (GRPO) is therefore built with ``monitor_beta`` and keeps beta = 0 for its
-    loss; only while a batch is generated and scored does it lend ``monitor_beta`` (`_scoring_reference`), and
-    the reference log-probs are dropped before the loss sees the batch: the loss is exactly GRPO's.
+    With beta != 0, GRPOTrainer scores each generation batch under the reference (``ref_per_token_logps``) for
+    its loss, and the monitor reads those log-probs. With beta = 0 (GRPO) TRL neither builds the reference nor
+    scores under it, so the monitor:
+
+    - builds the trainer with ``monitor_beta`` (the config's beta is lent for the construction only, then set
+      back to 0 on the config and the trainer), so that GRPOTrainer creates the reference exactly as for a
+      KL-penalised method: a frozen copy of the initial policy (``ref_model``), or for a PEFT policy the
+      adapter-disabled model (its ``"ref"`` adapter for a pre-trained one);
+    - computes the reference log-probs itself after each generation batch (`_reference_per_token_logps`, TRL's
+      reference forward) and never puts them into the batch, so the loss is exactly GRPO's.
+
+    The trainer's state (``beta`` included) is not changed while a batch is scored or the metric computed.
     """
 
     monitor_beta = 1.0
@@ -72,32 +82,87 @@ class ReferenceKLMonitor:
             self.beta = self.args.beta = 0.0
         self._warned_no_old = False
 
-    @contextmanager
-    def _scoring_reference(self) -> Iterator[None]:
-        if self._borrows_reference:
-            self.beta = self.monitor_beta
-        try:
-            yield
-        finally:
-            if self._borrows_reference:
-                self.beta = 0.0
-
     def _generate_and_score_completions(self, inputs):
-        with self._scoring_reference():
-            output = super()._generate_and_score_completions(inputs)
-        ref, old = output.get("ref_per_token_logps"), output.get("old_per_token_logps")
-        mode = "train" if self.model.training else "eval"
-        if ref is not None and old is not None:
-            mask = output["completion_mask"].to(ref.dtype)
-            kl = kl_ref_estimate(clamp_log_ratio(old - ref))
-            totals = self.accelerator.reduce(torch.stack([(kl * mask).sum(), mask.sum()]), reduction="sum")
-            self._metrics[mode]["kl_ref/monitor"].append((totals[0] / totals[1].clamp(min=1.0)).item())
-        elif not self._warned_no_old:
-            self._warned_no_old = True
-            print("[rgpo-trl] kl_ref/monitor needs num_iterations > 1 (pi_old log-probs); not logged.")
-        if self._borrows_reference:
-            output.pop("ref_per_token_logps", None)
+        output = super()._generate_and_score_completions(inputs)
+        self._log_reference_kl(output)
         return output
+
+    def _log_reference_kl(self, batch: dict[str, Any]) -> None:
+        """Append the batch's k3 KL(pi_old || pi_ref), token-weighted over all processes, to
+        ``kl_ref/monitor``; the reference log-probs are the batch's, or computed here when the loss has none."""
+        mode = "train" if self.model.training else "eval"
+        old = batch.get("old_per_token_logps")
+        if old is None:
+            if not self._warned_no_old:
+                self._warned_no_old = True
+                print("[rgpo-trl] kl_ref/monitor needs num_iterations > 1 (pi_old log-probs); not logged.")
+            return
+        ref = batch.get("ref_per_token_logps")
+        if ref is None and self._borrows_reference:
+            ref = self._reference_per_token_logps(batch)
+        if ref is None:
+            return
+        mask = batch["completion_mask"].to(ref.dtype)
+        kl = kl_ref_estimate(clamp_log_ratio(old - ref))
+        totals = self.accelerator.reduce(torch.stack([(kl * mask).sum(), mask.sum()]), reduction="sum")
+        self._metrics[mode]["kl_ref/monitor"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+
+    def _reference_per_token_logps(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Log-probs of the batch's completion tokens under the reference, as GRPOTrainer's
+        `_generate_and_score_completions` computes ``ref_per_token_logps`` (from ``ref_model``, or with the
+        PEFT adapter disabled / the ``"ref"`` adapter), its inputs rebuilt from the batch as GRPOTrainer's
+        `_compute_loss` does. tests/test_reference_kl_monitor.py pins a digest of the TRL lines followed."""
+        prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
+        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        mode = "train" if self.model.training else "eval"
+        batch_size = (
+            self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        )
+        forward_kwargs = {key: batch.get(key) for key in _MULTIMODAL_FORWARD_KEYS}
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+        ):
+            if self.ref_model is not None:
+                ref_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.ref_model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size=batch_size,
+                    **forward_kwargs,
+                )
+            else:
+                model = self.accelerator.unwrap_model(self.model)
+                with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                    ref_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(
+                        self.model,
+                        input_ids,
+                        attention_mask,
+                        logits_to_keep,
+                        batch_size=batch_size,
+                        **forward_kwargs,
+                    )
+        return ref_per_token_logps
+
+
+# The batch entries GRPOTrainer's `_compute_loss` passes to the forward besides the token ids and masks (for
+# multimodal policies; absent, None, for text).
+_MULTIMODAL_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
 
 
 # Columns of the per-iteration metrics file that every method has: name -> key logged by the trainer.
