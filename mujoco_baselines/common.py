@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import inspect
 import json
 import math
 import os
@@ -38,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rgpo_trl.cli import UsageError
-from rgpo_trl.core.kl_control import AdaptiveKLController
+from rgpo_trl.core.kl_control import PAPER_KL_DEFAULTS
 
 # --------------------------------------------------------------------------------------------- #
 # Environment: one gymnasium env, no vector wrapper. Resets are explicit (no autoreset, so no fake
@@ -740,11 +739,9 @@ def gradient_variance(g_sum, g_sqsum: float, n_mb: int, n_params: int) -> float:
 # An iteration's metrics: the statistics of its update by name, its timings, and the row of metrics.csv.
 # --------------------------------------------------------------------------------------------- #
 # The adaptive KL controller's defaults (the paper's beta_0, target and bounds of beta) are written once, in
-# rgpo_trl's AdaptiveKLController; RGPO's flags take them from here, and a 'KL spike' is an iteration whose
+# rgpo_trl.core.PAPER_KL_DEFAULTS; RGPO's flags take them from here, and a 'KL spike' is an iteration whose
 # KL to pi_old exceeds twice the target (every script's --spike-kl default).
-KL_CONTROLLER_DEFAULTS: dict[str, float] = {
-    name: parameter.default for name, parameter in inspect.signature(AdaptiveKLController).parameters.items()
-}
+KL_CONTROLLER_DEFAULTS: dict[str, float] = dict(PAPER_KL_DEFAULTS)
 SPIKE_KL = 2 * KL_CONTROLLER_DEFAULTS["kl_target"]
 
 

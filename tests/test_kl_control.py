@@ -166,3 +166,22 @@ def test_checkpoint_helpers_round_trip_and_refuse_naming_the_file(tmp_path):
             load_kl_controller(fresh, str(tmp_path))
         assert str(path) in str(err.value)
         assert fresh.state_dict() == AdaptiveKLController(kl_coef=0.5).state_dict()
+
+
+def test_paper_kl_defaults_are_the_one_source_of_every_default():
+    """The controller, both trainer configs and the MuJoCo RGPO script default to the paper's values (Sec. 5),
+    all read from rgpo_trl.core.PAPER_KL_DEFAULTS."""
+    import dataclasses
+
+    from rgpo_trl.async_rgpo.config import AsyncRGPOConfig
+    from rgpo_trl.core import PAPER_KL_DEFAULTS, AdaptiveKLController
+    from rgpo_trl.trainer.config import RGPOConfig
+
+    assert PAPER_KL_DEFAULTS == {"kl_coef": 0.5, "kl_target": 0.02, "kl_coef_min": 0.01, "kl_coef_max": 5.0}
+    controller = AdaptiveKLController()
+    for config_class in (RGPOConfig, AsyncRGPOConfig):
+        defaults = {
+            f.name: f.default for f in dataclasses.fields(config_class) if f.name in PAPER_KL_DEFAULTS
+        }
+        assert defaults == PAPER_KL_DEFAULTS, config_class.__name__
+    assert {name: getattr(controller, name) for name in PAPER_KL_DEFAULTS} == PAPER_KL_DEFAULTS

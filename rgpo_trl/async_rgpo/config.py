@@ -20,7 +20,7 @@ from typing import Any
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from ..core import RATIO_MODES, describe_gates
+from ..core import PAPER_KL_DEFAULTS, RATIO_MODES, describe_gates
 from ..trainer.config import RGPOLossSettings
 
 # AsyncGRPOConfig fields the RGPO loss does not read, refused when changed (the gate replaces the clip).
@@ -80,19 +80,25 @@ class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
         },
     )
     kl_coef: float = field(
-        default=0.5,
+        default=PAPER_KL_DEFAULTS["kl_coef"],
         metadata={"help": "Initial coefficient of the KL-to-behaviour penalty (paper: beta_0 = 0.5)."},
     )
     kl_target: float = field(
-        default=0.02,
+        default=PAPER_KL_DEFAULTS["kl_target"],
         metadata={
             "help": "Target KL to the behaviour policy of the adaptive rule: once per optimizer step, from "
             "the token-weighted mean of r - 1 - log r over the step's trained tokens on all processes, the "
             "coefficient doubles if that mean >= 1.5 * kl_target and halves if it is <= kl_target / 1.5."
         },
     )
-    kl_coef_min: float = field(default=0.01, metadata={"help": "Lower bound of the adaptive coefficient."})
-    kl_coef_max: float = field(default=5.0, metadata={"help": "Upper bound of the adaptive coefficient."})
+    kl_coef_min: float = field(
+        default=PAPER_KL_DEFAULTS["kl_coef_min"],
+        metadata={"help": "Lower bound of the adaptive coefficient."},
+    )
+    kl_coef_max: float = field(
+        default=PAPER_KL_DEFAULTS["kl_coef_max"],
+        metadata={"help": "Upper bound of the adaptive coefficient."},
+    )
     kl_controller: str = field(
         default="adaptive",
         metadata={

@@ -17,6 +17,7 @@ from .gates import (
 )
 from .kl_control import (
     KL_CONTROLLERS,
+    PAPER_KL_DEFAULTS,
     AdaptiveKLController,
     FixedKLController,
     KLController,
@@ -42,6 +43,7 @@ from .objective import (
 )
 
 __all__ = [
+    "PAPER_KL_DEFAULTS",
     "GATES",
     "KL_CONTROLLERS",
     "LOG_RATIO_CLAMP",

@@ -98,16 +98,26 @@ class FixedKLController(KLController):
         super().__init__(kl_coef, kl_coef_min=kl_coef, kl_coef_max=kl_coef)
 
 
+# The paper's values (beta_0, Delta and beta's bounds, Sec. 5), written once: the adaptive controller, both
+# trainer configs and the MuJoCo RGPO script take their defaults from here.
+PAPER_KL_DEFAULTS: dict[str, float] = {
+    "kl_coef": 0.5,
+    "kl_target": 0.02,
+    "kl_coef_min": 0.01,
+    "kl_coef_max": 5.0,
+}
+
+
 @register_kl_controller("adaptive")
 class AdaptiveKLController(KLController):
     """The paper's doubling / halving rule (Eq. beta_update), defaults from the paper."""
 
     def __init__(
         self,
-        kl_coef: float = 0.5,
-        kl_target: float = 0.02,
-        kl_coef_min: float = 0.01,
-        kl_coef_max: float = 5.0,
+        kl_coef: float = PAPER_KL_DEFAULTS["kl_coef"],
+        kl_target: float = PAPER_KL_DEFAULTS["kl_target"],
+        kl_coef_min: float = PAPER_KL_DEFAULTS["kl_coef_min"],
+        kl_coef_max: float = PAPER_KL_DEFAULTS["kl_coef_max"],
     ):
         owner = "AdaptiveKLController"
         values = {

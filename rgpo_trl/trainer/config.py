@@ -29,6 +29,7 @@ from trl import GRPOConfig
 from ..core import (
     GATES,
     KL_CONTROLLERS,
+    PAPER_KL_DEFAULTS,
     RATIO_MODES,
     Gate,
     KLController,
@@ -180,14 +181,14 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
     )
     # ---- adaptive KL to pi_old ----
     kl_coef: float = field(
-        default=0.5,
+        default=PAPER_KL_DEFAULTS["kl_coef"],
         metadata={
             "help": "Initial coefficient of the KL-to-old penalty kl_coef * mean(r_old - 1 - log r_old) "
             "(paper: beta_0 = 0.5). Must lie in [kl_coef_min, kl_coef_max]."
         },
     )
     kl_target: float = field(
-        default=0.02,
+        default=PAPER_KL_DEFAULTS["kl_target"],
         metadata={
             "help": "Target KL-to-old Delta of the adaptive rule (paper Eq. beta_update, default 0.02): once "
             "per iteration (one generation batch and all its `num_iterations` reuses), from the "
@@ -197,10 +198,12 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
         },
     )
     kl_coef_min: float = field(
-        default=0.01, metadata={"help": "Lower bound of the adaptive KL-to-old coefficient (paper: 0.01)."}
+        default=PAPER_KL_DEFAULTS["kl_coef_min"],
+        metadata={"help": "Lower bound of the adaptive KL-to-old coefficient (paper: 0.01)."},
     )
     kl_coef_max: float = field(
-        default=5.0, metadata={"help": "Upper bound of the adaptive KL-to-old coefficient (paper: 5)."}
+        default=PAPER_KL_DEFAULTS["kl_coef_max"],
+        metadata={"help": "Upper bound of the adaptive KL-to-old coefficient (paper: 5)."},
     )
     kl_controller: str = field(
         default="adaptive",
