@@ -14,6 +14,7 @@ PUBLISHED = [
     "results/mujoco/report/**/*",
     "results/rlhf/report/**/*",
     "results/rlhf/*/report/**/*",
+    "results/rlhf/v3/*/report/**/*",
     "results/rlhf/tune/selection.*",
     "results/rlhf/v3/tune/selection.*",
 ]
