@@ -380,6 +380,7 @@ def _save(fig, out, name) -> str:
 
 
 KL_OLD, LR = "rgpo/kl_old_iteration", "learning_rate"
+KL_COEF, REJECTED = "rgpo/kl_coef", "rgpo/rejected_frac"  # did the gate against pi_old act?
 EARLY = 50  # iterations: "early training" in the dynamics table
 
 
@@ -414,6 +415,11 @@ def dynamics(runs: dict[str, list[dict]], window: tuple[int, int]) -> list[dict]
         row["lr_window_share"] = mean_std(
             _per_run(rs, LR, lambda v: np.mean([x for i, x in v if lo < i <= hi]) / max(x for _, x in v))
         )
+        row[KL_COEF] = {
+            "window": mean_std(_per_run(rs, KL_COEF, lambda v: np.mean([x for i, x in v if lo < i <= hi]))),
+            "min": mean_std(_per_run(rs, KL_COEF, lambda v: min(x for _, x in v))),
+        }
+        row[REJECTED] = {"max": mean_std(_per_run(rs, REJECTED, lambda v: max(x for _, x in v)))}
         rows.append(row)
     return rows
 
@@ -445,6 +451,23 @@ def dynamics_markdown(rows: list[dict], window: tuple[int, int]) -> str:
             for k in (KL, KL_OLD, GOLD)
         ]
         lines.append(f"| {r['method']} | {r['n']} | {' | '.join(cells)} | {_cell(r['lr_window_share'], 3)} |")
+    gated = [r for r in rows if r[KL_COEF]["window"][2]]
+    if gated:
+        lines += [
+            "",
+            "The KL-to-old controller and the gate against pi_old (methods that log them), mean ± std over seeds "
+            "of each run's value: kl_coef in the window and its minimum over training (its floor is kl_coef_min), "
+            "and the largest fraction of tokens the gate rejected (g < 0.1) at any iteration.",
+            "",
+            "| method | n | kl_coef window | kl_coef min | rejected fraction, max over iterations |",
+            "|---|---|---|---|---|",
+        ]
+        for r in gated:
+            coef, rejected = r[KL_COEF], r[REJECTED]["max"]
+            lines.append(
+                f"| {r['method']} | {r['n']} | {_cell(coef['window'], 4)} | {_cell(coef['min'], 4)} | "
+                f"{_sci(rejected)} |"
+            )
     return "\n".join(lines)
 
 

@@ -339,6 +339,8 @@ def test_dynamics_table_reports_window_maximum_early_and_the_learning_rate_share
                 "rgpo/kl_old_iteration": 1e-4 / i,
                 "rewards/gold/mean": 1.0 + (i == 30) * seed,
                 "learning_rate": 1e-4 * (1 - (i - 1) / n),
+                "rgpo/kl_coef": max(0.5 / i, 0.01 * seed),
+                "rgpo/rejected_frac": 0.02 * seed * (i == 10),
             }
             for i in range(1, n + 1)
         ]
@@ -363,5 +365,11 @@ def test_dynamics_table_reports_window_maximum_early_and_the_learning_rate_share
     assert row["rewards/gold/mean"]["max"][0] == pytest.approx(2.5)  # the spike at iteration 30: 2 and 3
     lr_share = np.mean([1 - (i - 1) / n for i in range(61, 81)])
     assert row["lr_window_share"][0] == pytest.approx(lr_share)
+    # the controller: kl_coef 0.5 / i until its floor 0.01 * seed; the gate rejected 2% x seed at iteration 10
+    coef_window = [np.mean([max(0.5 / i, 0.01 * s) for i in range(61, 81)]) for s in (1, 2)]
+    assert row["rgpo/kl_coef"]["window"][0] == pytest.approx(np.mean(coef_window))
+    assert row["rgpo/kl_coef"]["min"] == pytest.approx((0.015, np.std([0.01, 0.02], ddof=1), 2))
+    assert row["rgpo/rejected_frac"]["max"][0] == pytest.approx(0.03)
     text = report.build_report(str(tmp_path), str(tmp_path / "report"), plots=False)
     assert "## Training dynamics" in text and "| rgpo | 2 |" in text
+    assert "| rgpo | 2 | 0.0150 ± 0.0071 | 0.0150 ± 0.0071 | 0.03 ± 0.014 |" in text
