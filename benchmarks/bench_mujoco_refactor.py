@@ -7,8 +7,9 @@ mujoco_baselines/common.py must not slow the scripts down).
 For each script and round, the baseline (the repository's ``mujoco_baselines/`` at ``--baseline-ref``,
 extracted with ``git archive``) and the current script run one after the other (the order alternates between
 rounds) with ``--compile`` at width 256 on Hopper-v4 for ``--iterations`` iterations, one torch thread. The
-time per iteration is the median of ``iter_time`` over the iterations after the first two (compilation
-excluded); the reported ratio is the median over rounds of baseline time / current time (> 1: the current
+baseline script imports the baseline's ``mujoco_baselines`` (each side's package first on
+``PYTHONPATH``; before, the installed, i.e. current, ``common.py`` served both sides). The time per iteration
+is the median of ``iter_time`` over the iterations after the first two (compilation excluded); the reported ratio is the median over rounds of baseline time / current time (> 1: the current
 scripts are faster), beside the ratio of the two variants' medians over every timed iteration of every round
 (pooled). The bar: ratio >= 0.97. Single iterations vary a lot on a shared VM even with nothing else
 running (see the committed rounds), so use enough rounds and iterations, or count calls instead
@@ -56,14 +57,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         commit, head = extract_baseline(a.baseline_ref, tmp)
         for method in a.methods:
+            # each side imports its own mujoco_baselines package (PYTHONPATH comes before the installed one)
+            roots = {"baseline": tmp, "current": ROOT}
             scripts = {
-                "baseline": os.path.join(tmp, "mujoco_baselines", f"{method}_continuous_action.py"),
-                "current": os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py"),
+                v: os.path.join(r, "mujoco_baselines", f"{method}_continuous_action.py")
+                for v, r in roots.items()
             }
             for rnd in range(a.rounds):
                 order = ["baseline", "current"] if rnd % 2 == 0 else ["current", "baseline"]
                 times = {
-                    v: iteration_time(scripts[v], os.path.join(tmp, f"{method}_{v}_{rnd}"), a.iterations, env)
+                    v: iteration_time(
+                        scripts[v],
+                        os.path.join(tmp, f"{method}_{v}_{rnd}"),
+                        a.iterations,
+                        {**env, "PYTHONPATH": roots[v]},
+                    )
                     for v in order
                 }
                 t = {v: statistics.median(x) for v, x in times.items()}

@@ -79,7 +79,14 @@ def main() -> None:
             for variant, root in (("baseline", tmp), ("current", ROOT)):
                 script = os.path.join(root, "mujoco_baselines", f"{method}_continuous_action.py")
                 c = {
-                    n: count_calls(script, os.path.join(tmp, f"{method}_{variant}_{n}"), n, a.compile, env)
+                    # each side imports its own mujoco_baselines package (PYTHONPATH before the installed one)
+                    n: count_calls(
+                        script,
+                        os.path.join(tmp, f"{method}_{variant}_{n}"),
+                        n,
+                        a.compile,
+                        {**env, "PYTHONPATH": root},
+                    )
                     for n in (a.short, a.long)
                 }
                 for event in ("call", "c_call"):
