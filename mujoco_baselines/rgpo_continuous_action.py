@@ -153,7 +153,7 @@ class Args:
     clipped_linear c, default 2; temperature temperature, default 1; ppo_clip eps, default 0.2)"""
     kl_controller: str = "adaptive"
     """rule for the KL-to-old coefficient after every iteration: adaptive (paper Eq. beta_update) | fixed"""
-    # the adaptive controller's defaults, from rgpo_trl.AdaptiveKLController (the paper's values)
+    # the adaptive controller's defaults: the paper's values, rgpo_trl.core.PAPER_KL_DEFAULTS
     kl_coef: float = KL_CONTROLLER_DEFAULTS["kl_coef"]
     """initial KL-to-old coefficient beta_0"""
     kl_target: float = KL_CONTROLLER_DEFAULTS["kl_target"]

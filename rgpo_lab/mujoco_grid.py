@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from rgpo_lab.job_queue import run_queue
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "mujoco_baselines")
 MUJOCO_ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
@@ -218,8 +220,6 @@ def run_suites(
     """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``, see rgpo_lab.job_queue); returns
     the failed ones with their exit status."""
     from tqdm import tqdm
-
-    from rgpo_lab.job_queue import run_queue
 
     run_dir = {r: os.path.join(results, r.suite, r.name) for r in runs}
     checkpoints = checkpoints or default_checkpoints()

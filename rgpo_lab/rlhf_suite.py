@@ -22,6 +22,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from rgpo_lab.job_queue import run_queue
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "hh_rlhf_qwen.py")
 METHODS = ["rgpo", "rgpo_old", "ppo", "grpo", "ppo_clip_kl", "sapo", "dpo", "sft"]
@@ -374,8 +376,6 @@ def run_suite(
     """Run the unfinished ``runs`` ``jobs`` at a time (rgpo_lab.job_queue); returns the failed ones with their
     exit status. A finished run's Trainer checkpoints are deleted unless ``keep_checkpoints`` (its results are
     what stays)."""
-    from rgpo_lab.job_queue import run_queue
-
     out = {r: os.path.join(results, r.suite, r.name) for r in runs}
     todo = [r for r in runs if not finished(out[r])]
     print(

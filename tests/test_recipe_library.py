@@ -148,3 +148,13 @@ def test_an_offline_methods_preset_generation_is_typed_from_the_leftover_setting
     )
     assert (settings.max_completion_length, settings.temperature, settings.num_iterations) == (24, 0.7, 2)
     assert preset_generation({}) == PresetGeneration()  # the defaults: 64 tokens, temperature 1, 2 steps
+
+
+def test_an_offline_methods_bad_generation_setting_is_refused_at_parse_time_naming_the_field():
+    """DPO reads three of the preset's generation settings itself; a bad value is a UsageError naming the field
+    before anything is built (it was argparse's exit with an internal parser's usage line, after loading)."""
+    argv = ["--config", TINY, "--method", "dpo", "--temperature", "abc"]
+    with pytest.raises(UsageError, match="--temperature: invalid float value: 'abc'"):
+        parse_recipe_args(argv, check_hub=False)
+    with pytest.raises(ValueError, match="--max_completion_length"):
+        preset_generation({"max_completion_length": "long"})

@@ -3,6 +3,7 @@ dataset's chosen/rejected pairs) and ``sft`` (no training), evaluated like the o
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -42,9 +43,11 @@ def preset_generation(unused_settings: dict[str, str]) -> PresetGeneration:
     """`PresetGeneration` from the settings the parser left over (``unused_preset_settings``: name -> the
     command-line string), typed by its fields; the others are ignored."""
     args = [s for name, value in unused_settings.items() for s in (f"--{name}", value)]
-    settings, _ = HfArgumentParser(PresetGeneration, allow_abbrev=False).parse_args_into_dataclasses(
-        args=args, return_remaining_strings=True
-    )
+    parser = HfArgumentParser(PresetGeneration, allow_abbrev=False, exit_on_error=False)
+    try:
+        settings, _ = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
+    except argparse.ArgumentError as err:  # a bad value: a ValueError naming the field, not argparse's exit
+        raise ValueError(f"{err.argument_name}: {err.message}") from err
     return settings
 
 

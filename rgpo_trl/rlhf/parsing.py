@@ -19,6 +19,7 @@ from ..cli import UsageError
 from .arguments import HHScriptArguments, make_recipe_parser, model_config_without
 from .hub_access import ensure_loadable, hub_offline
 from .methods import get_rlhf_method
+from .offline import preset_generation
 from .worlds import TINY_PREFIX, WORLDS, unknown_tiny_asset
 
 CONFIG_DIR = (
@@ -128,6 +129,7 @@ def _parse_sync(argv: list[str], first, run_name: str) -> tuple:
             args=argv, return_remaining_strings=True, fail_with_unknown_args=False
         )
         script_args.unused_preset_settings = _unused(rest)
+        preset_generation(script_args.unused_preset_settings)  # the ones it does read, checked now
     return script_args, training_args, model_args
 
 
