@@ -139,3 +139,32 @@ def test_mujoco_rgpo_script_trains_with_a_registered_gate(tmp_path):
     reference = module.main(module.Args(run_name="sigmoid", **kw))
     assert math.isfinite(final["final_return"]) and final["final_return"] != reference["final_return"]
     assert rgpo_trl.make_gate("half_tanh").a == 2.0
+
+
+def test_a_gate_with_checks_in_its_own_init_is_refused_by_the_config():
+    """check_gate (the configs' validation) runs a registered gate's own __init__ checks, not only its declared
+    parameter ranges, so a bad value fails when RGPOConfig is built, not later in the trainer."""
+
+    @register_gate("even_k_for_test")
+    class EvenKGate(Gate):
+        params = {"k": GateParam(2.0, "sharpness, even")}
+
+        def __init__(self, **params):
+            super().__init__(**params)
+            if self.k % 2:
+                raise ValueError(f"gate 'even_k_for_test': k must be even, got {self.k}")
+
+        def g(self, log_r):
+            return torch.sigmoid(self.k * (log_r.exp() - 1.0))
+
+    from rgpo_trl import RGPOConfig
+    from rgpo_trl.core import check_gate
+
+    try:
+        assert check_gate("even_k_for_test", k=4.0) == {"k": 4.0}
+        with pytest.raises(ValueError, match="k must be even, got 3"):
+            check_gate("even_k_for_test", k=3.0)
+        with pytest.raises(ValueError, match="k must be even"):
+            RGPOConfig(output_dir="/tmp/unused", gate="even_k_for_test", gate_params={"k": 3.0}, beta=0.0)
+    finally:
+        GATES.pop("even_k_for_test", None)

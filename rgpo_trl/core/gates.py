@@ -128,10 +128,15 @@ def make_gate(name: str, **params: float | None) -> Gate:
 
 
 def check_gate(name: str, **params: float | None) -> dict[str, float]:
-    """Validate a gate's name and parameters as `make_gate` does, without building it (a config checks its
-    gate at construction; the trainer builds the one gate it uses). Returns the parameter values, defaults
-    filled in."""
-    return _gate_class(name).check_params(params)
+    """Validate a gate's name and parameters as `make_gate` does (a config checks its gate at construction; the
+    trainer builds the one gate it uses). A gate declared by its ``params`` alone is not built; one whose class
+    defines its own ``__init__`` (checks of its own) is built once here, so those checks run now too. Returns
+    the parameter values, defaults filled in."""
+    cls = _gate_class(name)
+    values = cls.check_params(params)
+    if "__init__" in vars(cls):
+        cls(**params)
+    return values
 
 
 def describe_gates() -> str:
