@@ -158,3 +158,12 @@ def test_an_offline_methods_bad_generation_setting_is_refused_at_parse_time_nami
         parse_recipe_args(argv, check_hub=False)
     with pytest.raises(ValueError, match="--max_completion_length"):
         preset_generation({"max_completion_length": "long"})
+
+
+def test_a_missing_config_lists_the_presets_only_where_they_are(tmp_path):
+    """In a checkout the message lists the presets; without the presets folder (an installed package) it says
+    where they are instead of listing nothing."""
+    with pytest.raises(ValueError, match="for <name> in paper, tiny, tiny_paper, tiny_paper_v3"):
+        config_name(["--config", "nope.yaml"])
+    with pytest.raises(ValueError, match="in a checkout of rgpo-trl$"):
+        config_name(["--config", "nope.yaml"], tmp_path / "no-configs")

@@ -35,10 +35,12 @@ def config_name(argv: list[str], config_dir: Path = CONFIG_DIR) -> str:
     path = Path(argv[argv.index("--config") + 1])
     if not path.is_file():
         known = sorted(p.stem.removeprefix("hh_rlhf_") for p in config_dir.glob("hh_rlhf_*.yaml"))
-        raise ValueError(
-            f"config file {str(path)!r} not found; the presets are recipes/configs/hh_rlhf_<name>.yaml "
-            f"for <name> in {', '.join(known)}"
+        presets = (  # listed where the presets are (a checkout); an installed package has none to list
+            f"; the presets are recipes/configs/hh_rlhf_<name>.yaml for <name> in {', '.join(known)}"
+            if known
+            else "; the presets are recipes/configs/hh_rlhf_<name>.yaml in a checkout of rgpo-trl"
         )
+        raise ValueError(f"config file {str(path)!r} not found{presets}")
     return path.stem.removeprefix("hh_rlhf_")
 
 
