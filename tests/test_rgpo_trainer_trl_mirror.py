@@ -120,3 +120,8 @@ def test_the_digest_sees_code_not_comments_or_indentation():
     assert source_segment_digest(source.replace("# one", "# two"), "y = ", "return y") == digest
     assert source_segment_digest(source.replace("    ", "        "), "y = ", "return y") == digest
     assert source_segment_digest(source.replace("x + 1", "x + 2"), "y = ", "return y") != digest
+    # a '#' inside a string literal is code: what follows it still counts
+    quoted = 'def f(x):\n    y = x + "#1"  # one\n    return y\n'
+    digest = source_segment_digest(quoted, "y = ", "return y")
+    assert source_segment_digest(quoted.replace('"#1"', '"#2"'), "y = ", "return y") != digest
+    assert source_segment_digest(quoted.replace("# one", "# two"), "y = ", "return y") == digest

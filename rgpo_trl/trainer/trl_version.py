@@ -39,6 +39,25 @@ def source_segment_digest(source: str, start: str, end: str) -> str:
     comment in TRL does not count as a change, new code does)."""
     i = source.index(start)
     j = source.index(end, i) + len(end)
-    lines = [line.split("#")[0].strip() for line in source[i:j].splitlines()]
+    lines = [_without_comment(line).strip() for line in source[i:j].splitlines()]
     segment = "\n".join(line for line in lines if line)
     return hashlib.sha256(segment.encode()).hexdigest()[:16]
+
+
+def _without_comment(line: str) -> str:
+    """``line`` up to its comment: a ``#`` outside a one-line string literal (a ``#`` inside a string is code,
+    so a change after it still changes the digest)."""
+    quote = None
+    escaped = False
+    for k, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#":
+            return line[:k]
+    return line
