@@ -739,10 +739,9 @@ def gradient_variance(g_sum, g_sqsum: float, n_mb: int, n_params: int) -> float:
 # An iteration's metrics: the statistics of its update by name, its timings, and the row of metrics.csv.
 # --------------------------------------------------------------------------------------------- #
 # The adaptive KL controller's defaults (the paper's beta_0, target and bounds of beta) are written once, in
-# rgpo_trl.core.PAPER_KL_DEFAULTS; RGPO's flags take them from here, and a 'KL spike' is an iteration whose
+# rgpo_trl.core.PAPER_KL_DEFAULTS, which RGPO's flags read; a 'KL spike' is an iteration whose
 # KL to pi_old exceeds twice the target (every script's --spike-kl default).
-KL_CONTROLLER_DEFAULTS: dict[str, float] = dict(PAPER_KL_DEFAULTS)
-SPIKE_KL = 2 * KL_CONTROLLER_DEFAULTS["kl_target"]
+SPIKE_KL = 2 * PAPER_KL_DEFAULTS["kl_target"]
 
 
 class MinibatchStats:

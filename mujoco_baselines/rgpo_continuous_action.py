@@ -15,7 +15,6 @@ import tyro
 
 import rgpo_trl
 from mujoco_baselines.common import (
-    KL_CONTROLLER_DEFAULTS,
     SPIKE_KL,
     Agent,
     IterationTimes,
@@ -34,6 +33,7 @@ from mujoco_baselines.common import (
     truncated_weight,
 )
 from rgpo_trl.cli import UsageError
+from rgpo_trl.core import PAPER_KL_DEFAULTS
 
 DESCRIPTION = (
     "RGPO (rejection-gated policy optimisation) on a MuJoCo task, "
@@ -154,13 +154,13 @@ class Args:
     kl_controller: str = "adaptive"
     """rule for the KL-to-old coefficient after every iteration: adaptive (paper Eq. beta_update) | fixed"""
     # the adaptive controller's defaults: the paper's values, rgpo_trl.core.PAPER_KL_DEFAULTS
-    kl_coef: float = KL_CONTROLLER_DEFAULTS["kl_coef"]
+    kl_coef: float = PAPER_KL_DEFAULTS["kl_coef"]
     """initial KL-to-old coefficient beta_0"""
-    kl_target: float = KL_CONTROLLER_DEFAULTS["kl_target"]
+    kl_target: float = PAPER_KL_DEFAULTS["kl_target"]
     """target KL Delta"""
-    kl_coef_min: float = KL_CONTROLLER_DEFAULTS["kl_coef_min"]
+    kl_coef_min: float = PAPER_KL_DEFAULTS["kl_coef_min"]
     """lower bound of beta"""
-    kl_coef_max: float = KL_CONTROLLER_DEFAULTS["kl_coef_max"]
+    kl_coef_max: float = PAPER_KL_DEFAULTS["kl_coef_max"]
     """upper bound of beta"""
     kl_backstop: float = 0.1
     """hard backstop: leave the epoch loop after an epoch when the iteration's mean KL so far exceeds this

@@ -34,7 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rgpo_lab.mujoco_grid import MUJOCO_ENVS, MUJOCO_METHODS, SUITES
+from rgpo_lab.mujoco_grid import MUJOCO_ENVS as ENVS
+from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
+from rgpo_lab.mujoco_grid import SUITES
 from rgpo_lab.statistics import (
     holm,
     iqm,
@@ -48,8 +50,6 @@ from rgpo_lab.statistics import (
 )
 from rgpo_trl.core.kl_control import PAPER_KL_DEFAULTS
 
-ENVS = MUJOCO_ENVS
-METHODS = MUJOCO_METHODS
 SPIKE_KL = 2 * PAPER_KL_DEFAULTS["kl_target"]  # a KL spike: twice the target, as the scripts' --spike-kl
 
 # The paper's numbers (tables main_results, kl_stats, ess_all, gate_cmp, k_sweep, longhorizon; Ablation F).

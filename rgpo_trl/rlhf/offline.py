@@ -71,7 +71,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         batch_size=script_args.reward_batch_size,
         max_length=script_args.reward_max_length,
     )
-    preset = preset_generation(unused)
+    preset = script_args.preset_generation  # typed by parse_recipe_args
     sampling = {
         "max_new_tokens": preset.max_completion_length,
         "temperature": preset.temperature,

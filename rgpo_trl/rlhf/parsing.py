@@ -131,7 +131,8 @@ def _parse_sync(argv: list[str], first, run_name: str) -> tuple:
             args=argv, return_remaining_strings=True, fail_with_unknown_args=False
         )
         script_args.unused_preset_settings = _unused(rest)
-        preset_generation(script_args.unused_preset_settings)  # the ones it does read, checked now
+        # the ones it does read, typed (and so checked) now
+        script_args.preset_generation = preset_generation(script_args.unused_preset_settings)
     return script_args, training_args, model_args
 
 
