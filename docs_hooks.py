@@ -10,7 +10,7 @@ from mkdocs.structure.files import File
 
 # repository files that pages link to, relative to the repository root
 PUBLISHED = [
-    "benchmarks/results/**/*",
+    "results/benchmarks/**/*",
     "results/mujoco/report/**/*",
     "results/rlhf/report/**/*",
     "results/rlhf/*/report/**/*",

@@ -334,7 +334,7 @@ class Agent(nn.Module):
     def numpy_mean_action(self):
         """actor_mean as a numpy function on views of the same weights (`W @ x + b`, tanh; they follow every
         in-place update): the same function with other kernels, so other float rounding. --compile's rollout
-        step (speed: benchmarks/results/mujoco_rollout.md)."""
+        step (speed: results/benchmarks/mujoco_rollout.md)."""
         (w0, b0), (w1, b1), (w2, b2) = [
             (lin.weight.detach().numpy(), lin.bias.detach().numpy()) for lin in self.actor_mean[::2]
         ]

@@ -2,14 +2,14 @@
 
 The scripts' eager mini-batch step (`loss.backward()`, `clip_grad_norm_`, `torch.optim.Adam.step()`) is ~250
 small ATen calls whose dispatch costs more than the step's matrix products at the paper's width
-(benchmarks/results/mujoco_profile.md). Here the same step is one pure function, `torch.func.grad` of the
+(results/benchmarks/mujoco_profile.md). Here the same step is one pure function, `torch.func.grad` of the
 script's own mini-batch loss, then the gradient statistics, the global-norm clip and Adam written out as
 torch computes them, that inductor fuses into a few kernels. Parameters and Adam moments are updated in place,
 in the agent's parameters and in the `torch.optim.Adam` object's state, so rollouts, checkpoints and resume
 are the same in both modes (a run may even be resumed in the other mode). Rounding differs from the eager
 step (inductor fuses and reorders float operations): equal to float tolerance per step, not bit for bit.
-Speed: benchmarks/results/mujoco_compile.md; learning outcomes over seeds: the grid suite compile_equiv, read
-by benchmarks/compile_equivalence.py.
+Speed: results/benchmarks/mujoco_compile.md; learning outcomes over seeds: the grid suite compile_equiv, read
+by rgpo_lab/benchmarks/compile_equivalence.py.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class CompiledAdamStep:
         """`(loss, aux, grad_sq)` of each batch in turn: the same updates as calling the step on each (bit for
         bit with torch 2.13), made `steps_per_call` per compiled call, so a call's fixed cost (dynamo's
         guards, inductor's Python wrapper, the bookkeeping here) is paid once per 4 steps, for a longer cold
-        compile (benchmarks/results/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite
+        compile (results/benchmarks/compiled_steps_per_call.md). Lazy: a consumer that stops at a non-finite
         loss stops the updates after that call's steps."""
         for i in range(0, len(batches), self.steps_per_call):
             yield from self._call(batches[i : i + self.steps_per_call])
@@ -175,7 +175,7 @@ def gauss_newton_fvp(agent, obs, kl, params, damping):
     the Jacobian of the mean over the batch) and 2 I on actor_logstd (no cross terms). J v is pushed forward
     and J^T u pulled back through actor_mean's activations at pi_old, computed once: the same products as
     `fisher_vector_product` up to float rounding, without rebuilding or re-differentiating a graph (speed:
-    benchmarks/results/trpo_fvp.md)."""
+    results/benchmarks/trpo_fvp.md)."""
     l0, _, l1, _, l2 = agent.actor_mean
     w1, w2 = l1.weight.detach(), l2.weight.detach()
     with torch.no_grad():

@@ -106,7 +106,7 @@ class Args:
     compile: bool = False
     """the fast path: each mini-batch update as one torch.compile'd function (compiled_update.py; needs a C++
     compiler) and the rollout's policy mean in numpy: the same algorithm, float rounding differs; see
-    benchmarks/results/mujoco_compile.md for speed and equivalence"""
+    results/benchmarks/mujoco_compile.md for speed and equivalence"""
 
     # Rollout / advantage estimation
     num_steps: int = 2048

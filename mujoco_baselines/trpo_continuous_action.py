@@ -104,7 +104,7 @@ class Args:
     compile: bool = False
     """the fast path: each value mini-batch update as one torch.compile'd function (compiled_update.py; needs
     a C++ compiler), the Fisher-vector products in closed form (gauss_newton_fvp) and the rollout's policy
-    mean in numpy: the same algorithm, float rounding differs; see benchmarks/results/mujoco_compile.md for
+    mean in numpy: the same algorithm, float rounding differs; see results/benchmarks/mujoco_compile.md for
     speed and equivalence"""
 
     # Rollout / advantage estimation
@@ -181,7 +181,7 @@ def fisher_vector_product(agent, obs, kl, params, damping):
 
     The KL gradient's graph is built once and each product differentiates through it again: the same products
     bit for bit as rebuilding it per product, with one backward per CG iteration instead of a forward and two
-    backwards (speed: benchmarks/results/trpo_fvp.md)."""
+    backwards (speed: results/benchmarks/trpo_fvp.md)."""
     kl_grad = flat(torch.autograd.grad(kl, params, create_graph=True))
 
     def fvp(v):

@@ -167,7 +167,7 @@ SUITES: dict[str, list[Run]] = {
         key=lambda run: (run.seed, "lag2" in run.variant),  # per seed, the stalest level first
     ),
     # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (read by
-    # benchmarks/compile_equivalence.py)
+    # rgpo_lab/benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(
         "compile_equiv",
         ["ppo", "rgpo", "trpo", "awr"],
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "--compile",
         action="store_true",
         help="run every script with --compile (the fast path; learning outcomes agree with the eager path "
-        "within seed noise: benchmarks/results/mujoco_compile_equivalence.md); same run names, each "
+        "within seed noise: results/benchmarks/mujoco_compile_equivalence.md); same run names, each "
         "config.json records the mode, and a run may resume in either mode. Not with compile_equiv, whose "
         "runs fix their mode",
     )

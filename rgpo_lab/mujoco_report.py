@@ -840,7 +840,7 @@ def eager_vs_compiled_md(runs) -> str:
         "return (last 100 episodes; main's runs have no deterministic evaluation). Two-sided Welch, Holm "
         "over the 8 tests; verdict: compiled against eager. The two paths are different runs of a seed: "
         "--compile's numpy mean action differs from torch's by float32 rounding within the first steps and "
-        "the dynamics amplify it (benchmarks/results/mujoco_path_divergence.md), so they are compared over "
+        "the dynamics amplify it (results/benchmarks/mujoco_path_divergence.md), so they are compared over "
         "seeds.",
         "",
         "| env | method | eager | compiled | seed: eager / compiled | mean KL eager / compiled | "

@@ -1,6 +1,6 @@
 """The trainers on a CUDA GPU in bf16 (marker ``gpu``; skipped without one, excluded from the default run).
 
-    python -m pytest -m gpu tests/test_gpu.py        # or: bash benchmarks/run_gpu_tests.sh
+    python -m pytest -m gpu tests/test_gpu.py        # or: .ci/run_gpu
 
 A few optimizer steps of RGPOTrainer (dual ratio, adaptive KL), PPORLHFTrainer and AsyncRGPOTrainer on the
 tiny policy, on the GPU, in bf16: the parameters move, the loss and every logged metric are finite, and the

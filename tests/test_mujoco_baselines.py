@@ -406,12 +406,8 @@ def test_rgpo_script_imports_library_loss():
     not os.environ.get("CLEANRL_PATH"), reason="set CLEANRL_PATH to a vwxyzjn/cleanrl checkout"
 )
 def test_cleanrl_gymnasium1_patches_apply():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # the bench imports its sibling bench_common
-    spec = importlib.util.spec_from_file_location(
-        "bench", os.path.join(ROOT, "benchmarks", "bench_mujoco_speed.py")
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from rgpo_lab.benchmarks import mujoco_speed as bench
+
     src = open(bench.find_cleanrl_file(os.environ["CLEANRL_PATH"])).read()
     patched = bench.patch_cleanrl(src)
     assert "AutoresetMode.SAME_STEP" in patched and "env.observation_space)" in patched

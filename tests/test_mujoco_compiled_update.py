@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import sys
@@ -289,12 +288,7 @@ def test_compile_equivalence_report_on_known_runs(tmp_path):
     by many seed stds does not; the means, Welch p (against scipy) and unfinished runs are as constructed."""
     from scipy import stats
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(
-        "compile_equivalence", os.path.join(root, "benchmarks", "compile_equivalence.py")
-    )
-    ce = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ce)
+    from rgpo_lab.benchmarks import compile_equivalence as ce
 
     eager = [100.0, 110.0, 120.0]
     for s, ret in enumerate(eager):

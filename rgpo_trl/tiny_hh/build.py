@@ -161,7 +161,7 @@ def _log(msg: str, verbose: bool) -> None:
 
 def _train_policy(tok, train_rows, s: BuildSettings, seed: int, log):
     """SFT with a hand-written loop rather than TRL's SFTTrainer: on these assets SFTTrainer is several times
-    slower (benchmarks/results/tiny_sft.md), which would make the demo's asset build minutes longer."""
+    slower (results/benchmarks/tiny_sft.md), which would make the demo's asset build minutes longer."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

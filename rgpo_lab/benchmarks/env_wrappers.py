@@ -1,7 +1,7 @@
 """Environment-step cost: the MuJoCo scripts' hand-written env vs gymnasium's own wrappers (as CleanRL uses
 them).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_env_wrappers.py [--steps 20000] [--rounds 5]
+    OMP_NUM_THREADS=1 python -m rgpo_lab.benchmarks.env_wrappers [--steps 20000] [--rounds 5]
 
 Three variants step the same environment with the same random actions, interleaved round by round:
 
@@ -23,12 +23,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
 import gymnasium as gym
 import numpy as np
-from bench_common import ROOT, load_script
+
+from rgpo_lab.benchmarks.common import RESULTS, invocation, load_script
 
 
 def cleanrl_env(env_id: str, gamma: float = 0.99):
@@ -80,7 +80,7 @@ def main() -> None:
     p.add_argument("--envs", nargs="+", default=["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"])
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "env_wrappers"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "env_wrappers"))
     args = p.parse_args()
     module = load_script("ppo")
     results = {}
@@ -110,7 +110,7 @@ def main() -> None:
             "ours_over_gymnasium": med["ours"] / med["gymnasium"],
         }
         print(env_id, json.dumps(results[env_id]["median_sps"]), flush=True)
-    command = " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    command = invocation("env_wrappers")
     machine = {
         "platform": platform.platform(),
         "python": platform.python_version(),

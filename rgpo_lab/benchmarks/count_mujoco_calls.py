@@ -1,10 +1,10 @@
 """Python function calls per training iteration of the MuJoCo scripts, current vs an earlier version: a
-load-independent companion to bench_mujoco_refactor.py, whose wall-clock ratios a shared VM's timing noise
+load-independent companion to mujoco_refactor.py, whose wall-clock ratios a shared VM's timing noise
 cannot resolve to the 3% the refactor is held to.
 
-    python benchmarks/count_mujoco_calls.py --baseline-ref <git ref> [--compile]
+    python -m rgpo_lab.benchmarks.count_mujoco_calls --baseline-ref <git ref> [--compile]
 
-The two versions compute bit-identical numbers (benchmarks/results/mujoco_bit_identity.md), i.e. the same
+The two versions compute bit-identical numbers (results/benchmarks/mujoco_bit_identity.md), i.e. the same
 torch kernels on the same data, so what the refactor can change is Python-level work around them. Each script
 runs under ``sys.setprofile`` counting Python calls ("call") and calls into C ("c_call", torch ops included)
 for ``--short`` and ``--long`` iterations (Hopper-v4, width 256, seed 1); the difference divided by the extra
@@ -21,7 +21,15 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import ONE_THREAD, ROOT, extract_baseline, hopper_args, run_info, write_outputs
+from rgpo_lab.benchmarks.common import (
+    ONE_THREAD,
+    RESULTS,
+    ROOT,
+    extract_baseline,
+    hopper_args,
+    run_info,
+    write_outputs,
+)
 
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
 
@@ -67,9 +75,7 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    out = a.out or os.path.join(
-        ROOT, "benchmarks", "results", "mujoco_calls" + ("_compile" if a.compile else "")
-    )
+    out = a.out or os.path.join(RESULTS, "mujoco_calls" + ("_compile" if a.compile else ""))
     env = {**os.environ, **ONE_THREAD}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,7 +101,7 @@ def main() -> None:
                     )
             rows.append(row)
             print(row, flush=True)
-    info = run_info("count_mujoco_calls.py", True, baseline_commit=commit, head_commit=head, rows=rows)
+    info = run_info("count_mujoco_calls", True, baseline_commit=commit, head_commit=head, rows=rows)
     lines = [
         "# MuJoCo scripts: Python calls per iteration, current vs an earlier version",
         "",

@@ -2,8 +2,8 @@ r"""Does `--compile` learn the same as the eager update? Reads the grid suite `c
 
     python -m rgpo_lab.mujoco_grid compile_equiv --jobs 2      # 48 runs: 4 scripts x Hopper/HalfCheetah x
                                                                  # seeds 0-2 x eager/--compile, 300k steps
-    python benchmarks/compile_equivalence.py results/mujoco \
-        --out benchmarks/results/mujoco_compile_equivalence
+    python -m rgpo_lab.benchmarks.compile_equivalence results/mujoco \
+        --out results/benchmarks/mujoco_compile_equivalence
 
 `--compile` changes float rounding (inductor fuses and reorders operations), so runs of the same seed diverge
 after a few iterations and only distributions can be compared. Per script and environment, for the final
@@ -23,6 +23,8 @@ import json
 import math
 import os
 import statistics
+
+from rgpo_lab.benchmarks.common import RESULTS
 
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
 ENVS = ["Hopper-v4", "HalfCheetah-v4"]
@@ -163,10 +165,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("results", help="the grid's results directory (holds compile_equiv/)")
-    parser.add_argument("--out", default="benchmarks/results/mujoco_compile_equivalence")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "mujoco_compile_equivalence"))
     args = parser.parse_args()
     r = analyse(args.results)
-    command = f"python benchmarks/compile_equivalence.py {args.results} --out {args.out}"
+    command = f"python -m rgpo_lab.benchmarks.compile_equivalence {args.results} --out {args.out}"
     with open(args.out + ".json", "w") as f:
         json.dump({**r, "command": command}, f, indent=2)
     with open(args.out + ".md", "w") as f:

@@ -1,6 +1,6 @@
 """Where the eager and the --compile paths of one seed part ways: one rollout of each, side by side.
 
-    python benchmarks/check_mujoco_path_divergence.py --out benchmarks/results/mujoco_path_divergence
+    python -m rgpo_lab.benchmarks.check_mujoco_path_divergence --out results/benchmarks/mujoco_path_divergence
 
 For each environment (seed 0, 2048 steps, the initial policy, no update), the eager rollout (torch's mean
 action) and the compiled one (the same function in numpy, other float rounding) from the same seed: the first
@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from bench_common import ROOT, load_script, run_info, write_outputs
+from rgpo_lab.benchmarks.common import RESULTS, load_script, run_info, write_outputs
 
 ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
 
@@ -35,7 +35,7 @@ def rollout(module, env_id: str, fast: bool):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_path_divergence"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_path_divergence"))
     a = p.parse_args()
     module = load_script("ppo")
     rows = []
@@ -56,7 +56,7 @@ def main() -> int:
                 "episode_returns_compiled": r1,
             }
         )
-    info = run_info("check_mujoco_path_divergence.py", True, rows=rows)
+    info = run_info("check_mujoco_path_divergence", True, rows=rows)
     lines = [
         "# Eager vs compiled: where one seed's rollouts part ways",
         "",

@@ -1,7 +1,7 @@
 """TRPO's Fisher-vector products: rebuilding the KL gradient's graph per product, building it once, closed
 form.
 
-    python benchmarks/bench_trpo_fvp.py --out benchmarks/results/trpo_fvp
+    python -m rgpo_lab.benchmarks.trpo_fvp --out results/benchmarks/trpo_fvp
 
 The part of `trpo_step` that changed: 10 conjugate-gradient iterations plus the step-size product, on a
 2048-state batch (Hopper-v4 shapes: 11 observations, 3 actions). Variants, in rotating order over `--rounds`
@@ -22,17 +22,19 @@ same rotation with either product, for scale.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-from bench_common import run_info, write_outputs
+from rgpo_lab.benchmarks.common import RESULTS, run_info, write_outputs
 
 VARIANTS = ["rebuild", "rebuild2", "retained", "closed_form"]
 
 
 def measure(width: int, rounds: int, n: int = 2048) -> dict:
     import torch
-    import trpo_continuous_action as script
+
+    from mujoco_baselines import trpo_continuous_action as script
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -67,9 +69,8 @@ def measure(width: int, rounds: int, n: int = 2048) -> dict:
 
     def whole_step(variant):
         closed_form = variant == "trpo_step_closed_form"
-        out = script.trpo_step(
-            agent, params, obs, actions, oldlogprob, adv, args, closed_form_fisher=closed_form
-        )
+        make_fvp = script.gauss_newton_fvp if closed_form else script.fisher_vector_product
+        out = script.trpo_step(agent, params, obs, actions, oldlogprob, adv, args, make_fvp=make_fvp)
         agent.load_state_dict(state)  # trpo_step moved the parameters: the products are taken at pi_old
         return out
 
@@ -110,10 +111,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--out", default="benchmarks/results/trpo_fvp")
+    p.add_argument("--out", default=os.path.join(RESULTS, "trpo_fvp"))
     a = p.parse_args()
     results = {w: measure(w, a.rounds) for w in a.widths}
-    info = run_info("bench_trpo_fvp.py", with_torch=True, rounds=a.rounds, results=results)
+    info = run_info("trpo_fvp", with_torch=True, rounds=a.rounds, results=results)
     lines = [
         "# TRPO: Fisher-vector products with the KL graph rebuilt per product, built once, or in closed form",
         "",

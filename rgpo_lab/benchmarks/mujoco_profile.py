@@ -1,6 +1,6 @@
 """Where a MuJoCo script's time goes, and what two candidate speed-ups would buy (planning for the 2x issue).
 
-    python benchmarks/bench_mujoco_profile.py --out benchmarks/results/mujoco_profile
+    python -m rgpo_lab.benchmarks.mujoco_profile --out results/benchmarks/mujoco_profile
 
 Per environment step of a rollout, in rotating order over ``--rounds`` rounds (median of rounds, us/step):
 the script's per-step policy sample (``actor_mean`` through ``nn.Module`` calls), the same function applied to
@@ -28,10 +28,10 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from rgpo_lab.benchmarks.common import RESULTS, invocation
+
 ENVS = ["Hopper-v4", "Walker2d-v4", "HalfCheetah-v4", "Ant-v4"]
 
 
@@ -39,8 +39,9 @@ def rollout_costs(env_id: str, width: int, n: int, rounds: int) -> dict[str, flo
     import gymnasium as gym
     import mujoco
     import numpy as np
-    import ppo_continuous_action as script
     import torch
+
+    from mujoco_baselines import ppo_continuous_action as script
 
     args = script.Args(env_id=env_id, hidden_size=width)
     env = script.MujocoEnv(args)
@@ -115,11 +116,12 @@ def rollout_costs(env_id: str, width: int, n: int, rounds: int) -> dict[str, flo
 
 
 def update_costs(width: int, epochs: int) -> dict[str, float]:
-    import ppo_continuous_action as script
     import torch
     import torch.nn as nn
     from torch.func import grad
     from torch.nn.utils.stateless import _reparametrize_module
+
+    from mujoco_baselines import ppo_continuous_action as script
 
     torch.manual_seed(0)
     obs_dim, act_dim, T, mb = 11, 3, 2048, 64
@@ -254,7 +256,7 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_profile"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_profile"))
     p.add_argument("--steps", type=int, default=2000, help="environment steps per rollout measurement")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--epochs", type=int, default=12, help="update epochs (32 steps each) per width")
@@ -264,7 +266,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     result = {
-        "command": "python benchmarks/bench_mujoco_profile.py " + " ".join(sys.argv[1:]),
+        "command": invocation("mujoco_profile"),
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,

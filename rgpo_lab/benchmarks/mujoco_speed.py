@@ -1,6 +1,6 @@
 """Speed benchmark: our PPO / RGPO scripts vs CleanRL's ppo_continuous_action.py, same machine, one run.
 
-    python benchmarks/bench_mujoco_speed.py --cleanrl-path /path/to/cleanrl [--env-id Hopper-v4]
+    python -m rgpo_lab.benchmarks.mujoco_speed --cleanrl-path /path/to/cleanrl [--env-id Hopper-v4]
 
 ``--cleanrl-path`` is a local checkout of https://github.com/vwxyzjn/cleanrl (or the path of its
 ``cleanrl/ppo_continuous_action.py``); the PyPI ``cleanrl`` wheel does not install on Python 3.11.
@@ -36,9 +36,7 @@ import sys
 import tempfile
 import time
 
-from bench_common import ONE_THREAD
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from rgpo_lab.benchmarks.common import ONE_THREAD, RESULTS, ROOT, invocation
 
 # (description, old, new): each must match exactly once in CleanRL's file.
 CLEANRL_PATCHES = [
@@ -360,7 +358,7 @@ def main():
     p.add_argument("--total-timesteps", type=int, default=8192)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--micro-blocks", type=int, default=20)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_speed"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_speed"))
     p.add_argument("--skip-e2e", action="store_true")
     args = p.parse_args()
 
@@ -385,7 +383,7 @@ def main():
         aa, pp = e2e_res["ours_ppo_64_control"]["run_update_time"], e2e_res["ours_ppo_64"]["run_update_time"]
         per_round["ppo_control_over_ppo_update_time_64"] = [x / y for x, y in zip(aa, pp, strict=True)]
         ratios = {k: statistics.median(v) for k, v in per_round.items()}
-    command = " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    command = invocation("mujoco_speed")
     result = {
         "command": command.replace(args.cleanrl_path, "<cleanrl>"),
         "env_id": args.env_id,

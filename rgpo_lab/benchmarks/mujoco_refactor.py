@@ -1,17 +1,17 @@
 r"""A/B speed of the MuJoCo scripts against an earlier version of them (moving the shared code into
 mujoco_baselines/common.py must not slow the scripts down).
 
-    python benchmarks/bench_mujoco_refactor.py --baseline-ref <git ref> --rounds 3 \
-        --out benchmarks/results/mujoco_refactor
+    python -m rgpo_lab.benchmarks.mujoco_refactor --baseline-ref <git ref> --rounds 3 \
+        --out results/benchmarks/mujoco_refactor
 
 For each script and round, the baseline (the repository's ``mujoco_baselines/`` at ``--baseline-ref``,
 extracted with ``git archive``) and the current script run one after the other (the order alternates between
 rounds) with ``--compile`` at width 256 on Hopper-v4 for ``--iterations`` iterations, one torch thread. The
 baseline script imports the baseline's ``mujoco_baselines`` (each side's package first on
 ``PYTHONPATH``; before, the installed, i.e. current, ``common.py`` served both sides). The time per iteration
-is the median of ``iter_time`` over the iterations after the first two (compilation excluded); the reported ratio is the median over rounds of baseline time / current time (> 1: the current
-scripts are faster), beside the ratio of the two variants' medians over every timed iteration of every round
-(pooled). The bar: ratio >= 0.97. Single iterations vary a lot on a shared VM even with nothing else
+is the median of ``iter_time`` over the iterations after the first two (compilation excluded); the reported
+ratio is the median over rounds of baseline time / current time (> 1: the current scripts are faster),
+beside the ratio of the two variants' medians over every timed iteration of every round (pooled). The bar: ratio >= 0.97. Single iterations vary a lot on a shared VM even with nothing else
 running (see the committed rounds), so use enough rounds and iterations, or count calls instead
 (count_mujoco_calls.py); pinning the benchmark to one core (``taskset -c 0``) keeps other work on the other
 cores out of it.
@@ -27,7 +27,15 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import ONE_THREAD, ROOT, extract_baseline, hopper_args, run_info, write_outputs
+from rgpo_lab.benchmarks.common import (
+    ONE_THREAD,
+    RESULTS,
+    ROOT,
+    extract_baseline,
+    hopper_args,
+    run_info,
+    write_outputs,
+)
 
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
 
@@ -50,7 +58,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iterations", type=int, default=8)
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_refactor"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_refactor"))
     a = p.parse_args()
     env = {**os.environ, **ONE_THREAD}
     rows = []
@@ -97,7 +105,7 @@ def main() -> None:
         for m in a.methods
     }
     info = run_info(
-        "bench_mujoco_refactor.py",
+        "mujoco_refactor",
         True,
         baseline_commit=commit,
         head_commit=head,

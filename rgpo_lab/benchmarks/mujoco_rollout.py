@@ -1,7 +1,7 @@
 """What a lighter per-step rollout path buys (a direction for faster rollouts; the scripts use
 `lean_no_modules`).
 
-    python benchmarks/bench_mujoco_rollout.py --out benchmarks/results/mujoco_rollout
+    python -m rgpo_lab.benchmarks.mujoco_rollout --out results/benchmarks/mujoco_rollout
 
 `base` is the scripts' rollout step before it: `agent.actor_mean(obs[step]) + std * noise[step]` through
 `nn.Module` calls, the action written into a tensor, then `MujocoEnv.step`. Variants, in rotating order over
@@ -22,10 +22,11 @@ flagged (the two `lean_*` paths are the same float operations in the same order;
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-from bench_common import run_info, write_outputs
+from rgpo_lab.benchmarks.common import RESULTS, run_info, write_outputs
 
 VARIANTS = ["base", "base2", "lean_modules", "lean_no_modules", "numpy_mean"]
 
@@ -80,8 +81,9 @@ def make_rollout(script, args, variant: str, T: int):
 
 
 def measure(env_id: str, width: int, rounds: int, T: int = 2048) -> dict:
-    import rgpo_continuous_action as script
     import torch
+
+    from mujoco_baselines import rgpo_continuous_action as script
 
     torch.set_num_threads(1)
     args = script.Args(env_id=env_id, hidden_size=width)
@@ -115,12 +117,10 @@ def main() -> None:
     p.add_argument("--envs", nargs="+", default=["Hopper-v4", "HalfCheetah-v4"])
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--out", default="benchmarks/results/mujoco_rollout")
+    p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_rollout"))
     a = p.parse_args()
     results = {e: measure(e, a.width, a.rounds) for e in a.envs}
-    info = run_info(
-        "bench_mujoco_rollout.py", with_torch=False, width=a.width, rounds=a.rounds, results=results
-    )
+    info = run_info("mujoco_rollout", with_torch=False, width=a.width, rounds=a.rounds, results=results)
     lines = [
         "# Rollout step: the script's path vs lighter paths",
         "",

@@ -1,7 +1,7 @@
 """`--compile`'s update with 1, 2, 4 or 8 mini-batch steps per compiled call
 (CompiledAdamStep.steps_per_call).
 
-    python benchmarks/bench_compiled_steps_per_call.py --out benchmarks/results/compiled_steps_per_call
+    python -m rgpo_lab.benchmarks.compiled_steps_per_call --out results/benchmarks/compiled_steps_per_call
 
 One epoch of the scripts' update (32 mini-batches of 64 from a 2048-step batch, Hopper-v4 shapes) through
 `CompiledAdamStep.run`, consumed as the scripts consume it (the loss checked, `float(grad_sq)`), for PPO's
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import time
 
-from bench_common import load_script, run_info, write_outputs
+from rgpo_lab.benchmarks.common import RESULTS, load_script, run_info, write_outputs
 
 STEPS_PER_CALL = [1, 2, 4, 8]
 
@@ -106,10 +107,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--out", default="benchmarks/results/compiled_steps_per_call")
+    p.add_argument("--out", default=os.path.join(RESULTS, "compiled_steps_per_call"))
     a = p.parse_args()
     results = {f"{s} w{w}": measure(s, w, a.rounds) for s in ("ppo", "trpo_value") for w in a.widths}
-    info = run_info("bench_compiled_steps_per_call.py", with_torch=True, rounds=a.rounds, results=results)
+    info = run_info("compiled_steps_per_call", with_torch=True, rounds=a.rounds, results=results)
     lines = [
         "# `--compile`: mini-batch steps per compiled call",
         "",

@@ -1,15 +1,15 @@
 """A/B speed of `--compile` against the scripts before it, two runs side by side as in a grid.
 
-    python benchmarks/bench_mujoco_compile.py --baseline-ref <git ref> --cleanrl-path /path/to/cleanrl \\
-        --out benchmarks/results/mujoco_compile
+    python -m rgpo_lab.benchmarks.mujoco_compile --baseline-ref <git ref> --cleanrl-path /path/to/cleanrl \\
+        --out results/benchmarks/mujoco_compile
 
 For each script (ppo, rgpo, trpo, awr) and width (64, 256), every round starts the baseline script (the
 repository at ``--baseline-ref``, extracted with ``git archive``: the eager update, bit-identical to today's
 default) and today's script with ``--compile`` at the same moment on the two cores, with one torch thread
 each, in alternating launch order; each pair gives one speed-up ratio, so machine load hits both sides alike
-(``TORCHINDUCTOR_COMPILE_THREADS=1``, as mujoco_grid.py sets it: the compiling run keeps to its own core). A third
-pair per round runs CleanRL's ``ppo_continuous_action.py`` (patched for gymnasium 1.x as in
-bench_mujoco_speed.py) beside the baseline PPO at width 64.
+(``TORCHINDUCTOR_COMPILE_THREADS=1``, as rgpo_lab.mujoco_grid sets it: the compiling run keeps to its own
+core). A third pair per round runs CleanRL's ``ppo_continuous_action.py`` (patched for gymnasium 1.x as in
+mujoco_speed.py) beside the baseline PPO at width 64.
 
 Reported per run, from its metrics.csv: steady-state SPS (environment steps of iterations 2.. over their
 ``iter_time``; the first iteration carries the compilation) and the compile cost (first iteration's
@@ -32,9 +32,8 @@ import sys
 import tempfile
 import time
 
-from bench_common import ONE_THREAD, extract_baseline
+from rgpo_lab.benchmarks.common import ONE_THREAD, RESULTS, ROOT, extract_baseline, invocation
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
 ENVS = ["Hopper-v4", "Walker2d-v4", "HalfCheetah-v4", "Ant-v4"]
 
@@ -99,7 +98,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--raw-steps", type=int, default=20000)
-    parser.add_argument("--out", default="benchmarks/results/mujoco_compile")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "mujoco_compile"))
     parser.add_argument(
         "--grid-results",
         default=os.path.join(ROOT, "results", "mujoco", "main"),
@@ -125,7 +124,7 @@ def main() -> None:
     if not args.baseline_ref:
         parser.error("--baseline-ref is required (unless --render-only)")
 
-    from bench_mujoco_speed import find_cleanrl_file, patch_cleanrl
+    from rgpo_lab.benchmarks.mujoco_speed import find_cleanrl_file, patch_cleanrl
 
     tmp = tempfile.mkdtemp(prefix="bench_compile_")
     commit, head = extract_baseline(args.baseline_ref, tmp)
@@ -137,7 +136,8 @@ def main() -> None:
     raw = {e: raw_env_rate(e, args.raw_steps) for e in ENVS}
     print({e: round(r) for e, r in raw.items()}, flush=True)
 
-    # one core per run, compilation included (inductor compiles on all cores by default), as mujoco_grid.py runs them
+    # one core per run, compilation included (inductor compiles on all cores by default), as
+    # rgpo_lab.mujoco_grid runs them
     env = {**os.environ, **ONE_THREAD, "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1"]
@@ -209,7 +209,7 @@ def main() -> None:
 
     result = summarise(runs, raw, args)
     result.update(
-        command="python benchmarks/bench_mujoco_compile.py " + " ".join(sys.argv[1:]),
+        command=invocation("mujoco_compile"),
         baseline_commit=commit,
         head_commit=head + (" (with uncommitted changes in mujoco_baselines/)" if dirty else ""),
         machine=f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}",

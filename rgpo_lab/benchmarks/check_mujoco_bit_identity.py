@@ -1,7 +1,7 @@
 r"""Bit-identity of the MuJoCo scripts against an earlier version of them: a refactor must not change a run.
 
-    python benchmarks/check_mujoco_bit_identity.py --baseline-ref <git ref> \
-        --out benchmarks/results/mujoco_bit_identity
+    python -m rgpo_lab.benchmarks.check_mujoco_bit_identity --baseline-ref <git ref> \
+        --out results/benchmarks/mujoco_bit_identity
 
 For each script (ppo, rgpo, trpo, awr), environment (Hopper-v4, HalfCheetah-v4) and mode (eager default,
 ``--compile``), the baseline (``mujoco_baselines/`` at ``--baseline-ref``, extracted with ``git archive``) and
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import ROOT, extract_baseline, run_info, write_outputs
+from rgpo_lab.benchmarks.common import RESULTS, ROOT, extract_baseline, run_info, write_outputs
 
 TIMING = {"time", "SPS", "iter_time", "rollout_time", "update_time"}
 # (script, extra flags) run on Hopper-v4 beside the default runs: the stale-sample paths and the early stops
@@ -59,7 +59,7 @@ def main() -> int:
     p.add_argument("--baseline-ref", required=True)
     p.add_argument("--modes", nargs="+", default=["eager", "compile"], choices=["eager", "compile"])
     p.add_argument("--variants", choices=["all", "none"], default="all")
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mujoco_bit_identity"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_bit_identity"))
     a = p.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,7 +87,7 @@ def main() -> int:
                 )
                 print(method, env_id, " ".join(extra), mode, "identical" if same else "DIFFERENT", flush=True)
     info = run_info(
-        "check_mujoco_bit_identity.py", True, baseline_commit=commit, head_commit=head, results=results
+        "check_mujoco_bit_identity", True, baseline_commit=commit, head_commit=head, results=results
     )
     lines = [
         "# MuJoCo scripts: bit-identity against an earlier version",

@@ -1,5 +1,5 @@
-"""What the MuJoCo benchmarks share: a script loaded as a module, and a result written as JSON and Markdown
-with the command, machine and load average that produced it."""
+"""What the benchmarks share: the repository root, a MuJoCo script loaded as a module, and a result written as
+JSON and Markdown (under results/benchmarks/) with the command, machine and load average that produced it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import platform
 import sys
 from types import ModuleType
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the repository root (this file is rgpo_lab/benchmarks/common.py)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# where the committed outputs live
+RESULTS = os.path.join(ROOT, "results", "benchmarks")
 
 # one torch thread and one compile worker per script run: the A/B benchmarks of the scripts compare one core's
 # work
@@ -37,16 +40,21 @@ def load_script(method: str) -> ModuleType:
     return module
 
 
-def run_info(script: str, with_torch: bool, **fields) -> dict:
-    """The command that ran `script` (this process's arguments), the machine (and torch's version), the load
-    average now (call it after measuring), then `fields`."""
+def invocation(module: str) -> str:
+    """The command that ran ``rgpo_lab.benchmarks.<module>`` with this process's arguments."""
+    return f"python -m rgpo_lab.benchmarks.{module} " + " ".join(sys.argv[1:])
+
+
+def run_info(module: str, with_torch: bool, **fields) -> dict:
+    """The command that ran ``rgpo_lab.benchmarks.<module>`` (this process's arguments), the machine (and
+    torch's version), the load average now (call it after measuring), then `fields`."""
     machine = f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
     if with_torch:
         import torch
 
         machine += f", torch {torch.__version__}"
     return {
-        "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+        "command": invocation(module),
         "machine": machine,
         "load_average_at_end": os.getloadavg(),
         **fields,

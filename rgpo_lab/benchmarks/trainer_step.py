@@ -11,9 +11,9 @@ Reported: the median over repeats of the ratio of mean optimizer-step times (TRL
 generation, scoring, loss, backward, optimizer), the same for the loss computation alone (``compute_loss``
 forward, i.e. the part that differs), and the number of model forward passes made while scoring
 (``_get_per_token_logps_and_entropies``: old, reference and training forwards) and in total, per optimizer
-step. Writes ``benchmarks/results/trainer_step.{csv,json,md}``.
+step. Writes ``results/benchmarks/trainer_step.{csv,json,md}``.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_trainer_step.py --repeats 8 --steps 8
+    OMP_NUM_THREADS=1 python -m rgpo_lab.benchmarks.trainer_step --repeats 8 --steps 8
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,13 +36,15 @@ import transformers  # noqa: E402
 import trl  # noqa: E402
 from transformers import PrinterCallback, set_seed  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from rgpo_lab.benchmarks.common import RESULTS  # noqa: E402
 from rgpo_trl import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer  # noqa: E402
-from rgpo_trl.testing import base_args, save_tiny_model, tiny_dataset, tiny_tokenizer, vowel_reward  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
+from rgpo_trl.testing import (  # noqa: E402
+    base_args,
+    save_tiny_model,
+    tiny_dataset,
+    tiny_tokenizer,
+    vowel_reward,
+)
 
 
 def build(kind: str, model_dir: str, output_dir: str, steps: int, completion_length: int):
@@ -152,7 +153,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--completion-length", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=Path(RESULTS))
     parser.add_argument(
         "--candidate",
         choices=["rgpo", "ppo"],
@@ -209,7 +210,7 @@ def main() -> None:
         },
     }
     command = (
-        f"OMP_NUM_THREADS={args.threads} python benchmarks/bench_trainer_step.py --repeats {args.repeats} "
+        f"OMP_NUM_THREADS={args.threads} python -m rgpo_lab.benchmarks.trainer_step --repeats {args.repeats} "
         f"--steps {args.steps} --hidden {args.hidden} --completion-length {args.completion_length} "
         f"--threads {args.threads}" + (" --candidate ppo" if args.candidate == "ppo" else "")
     )

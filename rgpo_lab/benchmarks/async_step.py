@@ -13,9 +13,9 @@ steps, the first two discarded:
 
 Reported: the median over repeats of the ratio of mean optimizer-step times (the trainer's own training_step
 calls of one step: forward, loss, backward; and the optimizer), against grpo. Writes
-``benchmarks/results/async_step.{csv,json,md}``.
+``results/benchmarks/async_step.{csv,json,md}``.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_async_step.py --repeats 8 --steps 8
+    OMP_NUM_THREADS=1 python -m rgpo_lab.benchmarks.async_step --repeats 8 --steps 8
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import os
 import platform
 import queue
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -42,17 +41,13 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 import trl  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: E402
 
+from rgpo_lab.benchmarks.common import RESULTS  # noqa: E402
 from rgpo_trl.async_rgpo import AsyncRGPOConfig, AsyncRGPOTrainer, install_cpu_shims  # noqa: E402
 from rgpo_trl.testing import save_tiny_model, tiny_dataset, tiny_tokenizer  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 KINDS = ("grpo", "rgpo_old", "rgpo_dual")
 PROMPT, COMPLETION, PER_STEP = 12, 24, 16
 
@@ -196,7 +191,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=Path(RESULTS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     install_cpu_shims()
@@ -217,7 +212,7 @@ def main() -> None:
     }
     step_s = {k: statistics.median(by[(i, k)] for i in range(args.repeats)) for k in KINDS}
     command = (
-        f"OMP_NUM_THREADS={args.threads} python benchmarks/bench_async_step.py --repeats {args.repeats} "
+        f"OMP_NUM_THREADS={args.threads} python -m rgpo_lab.benchmarks.async_step --repeats {args.repeats} "
         f"--steps {args.steps} --hidden {args.hidden} --threads {args.threads}"
     )
     info = {
