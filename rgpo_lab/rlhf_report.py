@@ -30,6 +30,7 @@ import os
 import numpy as np
 from scipy import stats
 
+from rgpo_lab.rlhf_staleness import STUDIES, build_staleness
 from rgpo_lab.rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, METHODS, ONLINE, REUSE, REUSE_BASE
 from rgpo_lab.statistics import holm, mean_std
 from rgpo_lab.statistics import welch as welch_test
@@ -880,13 +881,24 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
     return written
 
 
+def _studies_present(root: str) -> list[str]:
+    """The report's title: tuning and the final comparison, the v2 studies where their folders exist (both
+    named when either does), the staleness study where one of its suites does."""
+    names = ["tuning", "final comparison"]
+    if any(os.path.isdir(os.path.join(root, s)) for s in ("frontier", "reuse")):
+        names += ["KL frontiers", "batch reuse"]
+    if any(os.path.isdir(os.path.join(root, s)) for s in STUDIES):
+        names.append("stale samples")
+    return names
+
+
 def build_studies(root: str, out: str, plots: bool = True) -> str:
     """The studies' report: the tuning selection, the final comparison (its own report under final/report),
     the beta_ref frontiers and the batch-reuse study, from the committed runs under ``root``."""
 
     os.makedirs(out, exist_ok=True)
     parts = [
-        "# RLHF studies: tuning, final comparison, KL frontiers, batch reuse",
+        "# RLHF studies: " + ", ".join(_studies_present(root)),
         "",
         f"Command: `python -m rgpo_lab.rlhf_report {root} --studies --out {out}`; every number below is "
         "regenerated from the committed runs by it.",
@@ -905,22 +917,29 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
         parts += ["## Final comparison (selected rates)", ""]
         parts += [f"Full table and figures: [final/report/report.md]({link}).", ""]
         parts += [after.split("![", 1)[0].strip(), ""]
-    frontier = study_points(
-        "frontier", load_suite(root, "frontier"), final_runs, FRONTIER_BETAS, FRONTIER_BASE, "beta"
-    )
-    reuse = study_points("reuse", load_suite(root, "reuse"), final_runs, REUSE, REUSE_BASE, "reuse")
-    between = frontier_interpolation(frontier, "rgpo", "ppo")
-    tests = reuse_tests(reuse, base=REUSE_BASE)
-    with open(os.path.join(out, "studies.json"), "w") as f:
+    studies: dict = {}
+    if any(os.path.isdir(os.path.join(root, s)) for s in ("frontier", "reuse")):
+        frontier = study_points(
+            "frontier", load_suite(root, "frontier"), final_runs, FRONTIER_BETAS, FRONTIER_BASE, "beta"
+        )
+        reuse = study_points("reuse", load_suite(root, "reuse"), final_runs, REUSE, REUSE_BASE, "reuse")
+        between = frontier_interpolation(frontier, "rgpo", "ppo")
+        tests = reuse_tests(reuse, base=REUSE_BASE)
         strip = lambda pts: [{k: v for k, v in p.items() if k != "runs"} for p in pts]  # noqa: E731
-        studies = {"frontier": strip(frontier), "rgpo_at_ppo": between, "reuse": strip(reuse)}
-        json.dump({**studies, "reuse_tests": tests}, f, indent=2)
-    parts += [study_markdown(frontier, reuse, between, tests), ""]
-    missing = [f"{p['source']}: {p['method']} at {p['value']}" for p in frontier + reuse if p["n"] == 0]
-    if missing:
-        parts += ["Not run yet: " + "; ".join(missing) + ".", ""]
-    if plots:
-        parts += [f"![{f}]({f})" for f in study_figures(frontier, reuse, out)] + [""]
+        studies |= {"frontier": strip(frontier), "rgpo_at_ppo": between, "reuse": strip(reuse)}
+        studies["reuse_tests"] = tests
+        parts += [study_markdown(frontier, reuse, between, tests), ""]
+        missing = [f"{p['source']}: {p['method']} at {p['value']}" for p in frontier + reuse if p["n"] == 0]
+        if missing:
+            parts += ["Not run yet: " + "; ".join(missing) + ".", ""]
+        if plots:
+            parts += [f"![{f}]({f})" for f in study_figures(frontier, reuse, out)] + [""]
+    stale = {s: load_suite(root, s) for s in STUDIES if os.path.isdir(os.path.join(root, s))}
+    if stale:
+        text, studies["staleness"] = build_staleness(stale, out, plots)
+        parts += [text, ""]
+    with open(os.path.join(out, "studies.json"), "w") as f:
+        json.dump(studies, f, indent=2)
     text = "\n".join(parts)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(text)

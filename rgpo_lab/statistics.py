@@ -165,3 +165,33 @@ def ratio_difference_test(
     p = min(1.0, 2 * min(float((diffs <= 0).mean()), float((diffs >= 0).mean())))
     low, high = np.percentile(diffs, [2.5, 97.5])
     return RatioTest(float(ra), float(rb), float(ra - rb), float(low), float(high), p)
+
+
+class ChangeTest(NamedTuple):
+    change_a: float  # mean(a_after) - mean(a_before)
+    change_b: float
+    diff: float  # change_a - change_b
+    low: float  # 95% percentile-bootstrap interval of diff
+    high: float
+    p: float  # two-sided bootstrap p: twice the smaller tail of the resampled differences at 0
+
+
+def change_difference_test(
+    a_before, a_after, b_before, b_after, n_boot: int = 10_000, seed: int = 0
+) -> ChangeTest:
+    """Does arm a change more than arm b from one condition to another (a difference of differences of
+    means)? Each of the four samples is resampled within itself (percentile bootstrap); nan (not tested)
+    below 2 values in any sample."""
+    xs = [np.asarray(x, float) for x in (a_before, a_after, b_before, b_after)]
+    xs = [x[np.isfinite(x)] for x in xs]
+    nan = float("nan")
+    ca = xs[1].mean() - xs[0].mean() if len(xs[0]) and len(xs[1]) else nan
+    cb = xs[3].mean() - xs[2].mean() if len(xs[2]) and len(xs[3]) else nan
+    if any(len(x) < 2 for x in xs):
+        return ChangeTest(float(ca), float(cb), float(ca - cb), nan, nan, nan)
+    rng = np.random.default_rng(seed)
+    means = [x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(1) for x in xs]
+    diffs = (means[1] - means[0]) - (means[3] - means[2])
+    p = min(1.0, 2 * min(float((diffs <= 0).mean()), float((diffs >= 0).mean())))
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    return ChangeTest(float(ca), float(cb), float(ca - cb), float(low), float(high), p)

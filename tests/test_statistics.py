@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 
 from rgpo_lab.statistics import (
+    change_difference_test,
     holm,
     iqm,
     mean_std,
@@ -100,3 +101,19 @@ def test_ratio_difference_test_resamples_every_sample():
     assert wide.high - wide.low > t.high - t.low
     assert np.isnan(ratio_difference_test([1.0], a8, b0, b8).p)  # fewer than 2 runs: not tested
     assert np.isnan(ratio_difference_test(-a0, a8, b0, b8).p)  # a non-positive L = 0 mean: not tested
+
+
+def test_change_difference_test_against_a_normal_approximation():
+    rng = np.random.default_rng(2)
+    a1, a16 = rng.normal(2.0, 0.1, 3), rng.normal(1.9, 0.1, 5)  # a loses 0.1
+    b1, b16 = rng.normal(2.0, 0.1, 3), rng.normal(1.2, 0.1, 5)  # b loses 0.8
+    t = change_difference_test(a1, a16, b1, b16, n_boot=20_000)
+    assert t.change_a == pytest.approx(a16.mean() - a1.mean())
+    assert t.diff == pytest.approx((a16.mean() - a1.mean()) - (b16.mean() - b1.mean()))
+    # the bootstrap's spread of a difference of four means: sqrt(sum of the plug-in variances / n)
+    se = math.sqrt(sum(x.var() / len(x) for x in (a1, a16, b1, b16)))
+    assert (t.high - t.low) / (2 * 1.96) == pytest.approx(se, rel=0.1)
+    assert t.p < 0.001 and t == change_difference_test(a1, a16, b1, b16, n_boot=20_000)  # seeded
+    same = change_difference_test(a1, a16, a1, a16, n_boot=2000)
+    assert same.diff == 0 and same.p > 0.5
+    assert np.isnan(change_difference_test([1.0], a16, b1, b16).p)  # fewer than 2 values: not tested

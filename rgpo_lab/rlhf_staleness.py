@@ -1,0 +1,423 @@
+"""The staleness study's report (world v3): does RGPO's gate help as the samples get staler?
+
+    python -m rgpo_lab.rlhf_report results/rlhf/v3 --studies    # this section, beside the others
+
+Two suites, fixed in `rgpo_lab.rlhf_suite` (STALE_SYNC, STALE_ASYNC) with their reading rules
+(STALENESS_RULE), every run 400 optimizer steps of 16 completions: ``stale_sync`` varies TRL's
+``steps_per_generation`` S, ``stale_async`` the asynchronous trainer's controlled lag L. Per method and
+level: held-out test gold, KL_ref and proxy reward (64 test prompts x 4 samples after training), and window
+means (optimizer steps 305-400) of the behaviour ratio r_b = pi / pi_behaviour (``behaviour/*``: mean, the
+window's largest, the share with max(r_b, 1 / r_b) beyond 1.2 and 2), KLhat_old, RGPO's kl_coef and
+rejected fraction, the clip and CISPO truncation fractions, and (async) the staleness the trainer saw.
+Rules A-C and the verdict are applied as STALENESS_RULE states them; figures against the level and along
+training (seed mean, band +- 1 std over seeds, x in optimizer steps so every level shares the axis).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from rgpo_lab.rlhf_suite import STALE_ASYNC, STALE_STEPS, STALE_SYNC, STALENESS_RULE
+from rgpo_lab.statistics import change_difference_test, holm, mean_std, welch
+
+STUDIES = {"stale_sync": ("S", STALE_SYNC), "stale_async": ("L", STALE_ASYNC)}
+ALPHA = 0.05
+STEP_BIN = 25  # optimizer steps per bin of the curves along training
+
+# name -> (per-step metric keys, first one logged wins; how a run's window reduces it)
+WINDOW_METRICS: dict[str, tuple[tuple[str, ...], Callable]] = {
+    # TRL's AsyncGRPOTrainer logs the mean ratio to the behaviour policy as ``ratio`` and its k3 KL as ``kl``
+    "r_mean": (("behaviour/ratio_mean", "ratio"), np.mean),
+    "r_max": (("behaviour/ratio_max",), np.max),
+    "r_beyond_1.2": (("behaviour/beyond_1.2",), np.mean),
+    "r_beyond_2": (("behaviour/beyond_2",), np.mean),
+    "kl_old": (("behaviour/kl_old", "rgpo/kl_old"), np.mean),
+    "kl_coef": (("rgpo/kl_coef",), np.mean),
+    "rejected_frac": (("rgpo/rejected_frac",), np.mean),
+    "clip_frac": (("clip_ratio/region_mean", "cispo_clip_ratio"), np.mean),
+    "staleness": (("staleness/mean", "sample/staleness_mean"), np.mean),
+}
+ASYNC_KL_FALLBACK = "kl"  # TRL's AsyncGRPOTrainer: k3 KL to the behaviour policy (no reference there)
+HELDOUT = {"gold": "gold", "kl_ref": "kl_ref", "reward": "reward"}
+
+
+def _window_value(run: dict, keys: tuple[str, ...], reduce: Callable) -> float | None:
+    start, end = run["summary"].get("window", (0, 10**9))
+    for key in keys:
+        x = [
+            row[key]
+            for row in run["rows"]
+            if start < row["iteration"] <= end and row.get(key) is not None and np.isfinite(row[key])
+        ]
+        if x:
+            return float(reduce(x))
+    return None
+
+
+def staleness_points(runs: dict[str, list[dict]], suite: str) -> list[dict]:
+    """One point per method x level of ``suite`` (``runs`` as `rgpo_lab.rlhf_report.load` reads the suite's
+    folder: keys ``<method>__<S|L><level>``): n, seeds, per-seed values and mean +- sample std of the held-out
+    numbers and of the window metrics (None where a method does not log one)."""
+    letter, spec = STUDIES[suite]
+    points = []
+    for level in spec["levels"]:
+        for m in spec["methods"]:
+            rs = sorted(runs.get(f"{m}__{letter}{level}", []), key=lambda r: r["seed"])
+            point = {
+                "suite": suite,
+                "method": m,
+                "level": level,
+                "n": len(rs),
+                "seeds": [r["seed"] for r in rs],
+            }
+            for name, key in HELDOUT.items():
+                point[f"{name}_values"] = [r["heldout"].get(key) for r in rs]
+            for name, (keys, reduce) in WINDOW_METRICS.items():
+                if name == "kl_old" and suite == "stale_async":
+                    keys = (*keys, ASYNC_KL_FALLBACK)
+                point[f"{name}_values"] = [_window_value(r, keys, reduce) for r in rs]
+            for name in (*HELDOUT, *WINDOW_METRICS):
+                point[name] = mean_std(point[f"{name}_values"])
+            point["runs"] = rs
+            points.append(point)
+    return points
+
+
+def _values(points: list[dict], method: str, level: int, key: str = "gold") -> list[float]:
+    for p in points:
+        if p["method"] == method and p["level"] == level:
+            return [v for v in p[f"{key}_values"] if v is not None]
+    return []
+
+
+def _interpolate(curve: list[tuple[float, float]], kl: float) -> float | None:
+    curve = sorted(curve)
+    if len(curve) < 2 or not curve[0][0] <= kl <= curve[-1][0]:
+        return None
+    return float(np.interp(kl, [c[0] for c in curve], [c[1] for c in curve]))
+
+
+def matched_kl(points: list[dict], other: str, level: int, n_boot: int = 10_000, seed: int = 0) -> dict:
+    """Rule C: RGPO's seed-mean test gold, interpolated along its (KL_ref, gold) curve over the suite's levels,
+    at ``other``'s KL_ref at ``level``, minus ``other``'s gold there; 95% percentile interval with the seeds of
+    every point resampled (resamples outside RGPO's KL range dropped; ``inside`` = the share kept)."""
+    mine = [p for p in points if p["method"] == "rgpo" and p["n"] > 0]
+    theirs = next((p for p in points if p["method"] == other and p["level"] == level and p["n"] > 0), None)
+    row = {"method": other, "level": level, "kl_ref": None, "gold": None, "rgpo_gold": None}
+    row |= {"difference": None, "low": None, "high": None, "inside": 0.0}
+    if theirs is None:
+        return row
+    kl, gold = theirs["kl_ref"].mean, theirs["gold"].mean
+    rgpo_gold = _interpolate([(p["kl_ref"].mean, p["gold"].mean) for p in mine], kl)
+    row |= {"kl_ref": kl, "gold": gold, "rgpo_gold": rgpo_gold}
+    if rgpo_gold is None:
+        return row
+    row["difference"] = rgpo_gold - gold
+    if not all(p["n"] >= 2 for p in [*mine, theirs]):
+        return row
+    rng = np.random.default_rng(seed)
+
+    def resampled(p: dict) -> tuple[np.ndarray, np.ndarray]:
+        k, g = np.asarray(p["kl_ref_values"], float), np.asarray(p["gold_values"], float)
+        idx = rng.integers(0, len(k), size=(n_boot, len(k)))
+        return k[idx].mean(1), g[idx].mean(1)
+
+    curves = [resampled(p) for p in mine]
+    t_kl, t_gold = resampled(theirs)
+    diffs = []
+    for i in range(n_boot):
+        g = _interpolate([(c[0][i], c[1][i]) for c in curves], t_kl[i])
+        if g is not None:
+            diffs.append(g - t_gold[i])
+    row["inside"] = len(diffs) / n_boot
+    if diffs:
+        row["low"], row["high"] = (float(x) for x in np.percentile(diffs, [2.5, 97.5]))
+    return row
+
+
+def staleness_tests(points: list[dict], suite: str) -> list[dict]:
+    """Rules A, B and C for every other method of ``suite``, each family Holm-corrected over the methods, and
+    the verdict the rule names."""
+    _, spec = STUDIES[suite]
+    levels = list(spec["levels"])
+    fresh, stale = levels[0], levels[-1]
+    others = [m for m in spec["methods"] if m != "rgpo"]
+    rows = []
+    for m in others:
+        a = welch(_values(points, "rgpo", stale), _values(points, m, stale))
+        change = welch(_values(points, m, stale), _values(points, m, fresh))
+        diff = change_difference_test(
+            _values(points, "rgpo", fresh),
+            _values(points, "rgpo", stale),
+            _values(points, m, fresh),
+            _values(points, m, stale),
+        )
+        row = {"method": m, "fresh": fresh, "stale": stale}
+        row |= {"a_diff": a.diff, "a_low": a.low, "a_high": a.high, "a_p": a.p}
+        row |= {"b_change": change.diff, "b_low": change.low, "b_high": change.high, "b_p": change.p}
+        row |= {"b_diff": diff.diff, "b_diff_low": diff.low, "b_diff_high": diff.high, "b_diff_p": diff.p}
+        row["c"] = matched_kl(points, m, stale)
+        rows.append(row)
+    # RGPO's own change, in the change family beside the others
+    own = welch(_values(points, "rgpo", stale), _values(points, "rgpo", fresh))
+    rgpo_change = {"method": "rgpo", "b_change": own.diff, "b_low": own.low, "b_high": own.high, "b_p": own.p}
+    for key in ("a_p", "b_diff_p"):
+        for row, adjusted in zip(rows, holm([r[key] for r in rows]), strict=True):
+            row[f"{key}_holm"] = adjusted
+    change_family = [*rows, rgpo_change]
+    for row, adjusted in zip(change_family, holm([r["b_p"] for r in change_family]), strict=True):
+        row["b_p_holm"] = adjusted
+    for row in rows:
+        row["verdict"] = verdict(row)
+    return [*rows, rgpo_change]
+
+
+def verdict(row: dict) -> str:
+    """STALENESS_RULE's words for one other method m, from A (Holm) and C (the matched-KL interval)."""
+    m, p, c = row["method"], row.get("a_p_holm", float("nan")), row["c"]
+    if not np.isfinite(p) or c["low"] is None:
+        return "undecided" + ("" if c["low"] is not None else " (no matched-KL interval)")
+    significant = p <= ALPHA
+    if significant and row["a_diff"] > 0 and c["low"] > 0:
+        return f"RGPO is more robust to staleness than {m}"
+    if significant and row["a_diff"] < 0 and c["high"] < 0:
+        return f"{m} is more robust to staleness than RGPO"
+    if not significant and c["low"] <= 0 <= c["high"]:
+        return "no difference"
+    return "undecided"
+
+
+def _cell(ms, digits: int = 3) -> str:
+    mean, std, n = ms
+    if n == 0:
+        return "n/a"
+    if abs(mean) < 1e-3 and mean != 0:
+        return f"{mean:.2e}" + (f" ± {std:.1e}" if np.isfinite(std) else "")
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if np.isfinite(std) else "")
+
+
+def _p(x: float) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{x:.3g}"
+
+
+def _ci(d: float, low: float, high: float) -> str:
+    if d is None or not np.isfinite(d):
+        return "-"
+    return f"{d:+.3f}" + (f" [{low:+.3f}, {high:+.3f}]" if low is not None and np.isfinite(low) else "")
+
+
+def staleness_markdown(suite: str, points: list[dict], tests: list[dict]) -> str:
+    letter, spec = STUDIES[suite]
+    what = "steps_per_generation S" if suite == "stale_sync" else "lag L (weight versions)"
+    lines = [
+        f"### {suite}: {what}",
+        "",
+        f"{STALE_STEPS} optimizer steps of 16 completions at every level; held-out = 64 test prompts x 4 "
+        "samples after training; window = optimizer steps 305-400 (r_b max: the window's largest). 'n/a': the "
+        "method does not log it (r_b max and shares: TRL's AsyncGRPOTrainer logs only the mean ratio; "
+        "clip fraction: RGPO and SAPO do not clip; kl_coef and the rejected fraction are RGPO's).",
+        "",
+        f"| method | {letter} | n | test gold | test KL_ref | test proxy | r_b mean | r_b max | r_b beyond 1.2 | "
+        "r_b beyond 2 | KLhat_old | kl_coef | rejected | clip / truncated |"
+        + (" staleness seen |" if suite == "stale_async" else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        + ("---|" if suite == "stale_async" else ""),
+    ]
+    cols = ["gold", "kl_ref", "reward", "r_mean", "r_max", "r_beyond_1.2", "r_beyond_2", "kl_old", "kl_coef"]
+    cols += ["rejected_frac", "clip_frac"] + (["staleness"] if suite == "stale_async" else [])
+    for p in points:
+        cells = " | ".join("not run" if p["n"] == 0 else _cell(p[c]) for c in cols)
+        lines.append(f"| {p['method']} | {p['level']} | {p['n']} | {cells} |")
+    others = [t for t in tests if "verdict" in t]
+    if not others:
+        return "\n".join(lines)
+    fresh, stale = others[0]["fresh"], others[0]["stale"]
+    lines += [
+        "",
+        f"Tests on test gold ({letter} = {stale} the stalest, {letter} = {fresh} the freshest; each family "
+        "Holm-corrected over its methods; [95% interval]):",
+        "",
+        f"| other method m | A: RGPO - m at {letter} = {stale} | Holm p | B: m's change | Holm p | "
+        "B: RGPO's change - m's | Holm p | C: RGPO - m at m's KL_ref | inside | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in others:
+        c = t["c"]
+        c_cell = "outside RGPO's KL range" if c["rgpo_gold"] is None and c["kl_ref"] is not None else "-"
+        if c["difference"] is not None:
+            c_cell = _ci(c["difference"], c["low"], c["high"])
+        lines.append(
+            f"| {t['method']} | {_ci(t['a_diff'], t['a_low'], t['a_high'])} | {_p(t['a_p_holm'])} | "
+            f"{_ci(t['b_change'], t['b_low'], t['b_high'])} | {_p(t['b_p_holm'])} | "
+            f"{_ci(t['b_diff'], t['b_diff_low'], t['b_diff_high'])} | {_p(t['b_diff_p_holm'])} | {c_cell} | "
+            f"{c['inside']:.0%} | {t['verdict']} |"
+        )
+    own = next(t for t in tests if t["method"] == "rgpo")
+    lines += [
+        "",
+        f"RGPO's own change from {letter} = {fresh} to {stale}: {_ci(own['b_change'], own['b_low'], own['b_high'])}"
+        f" (Holm p {_p(own['b_p_holm'])}, in B's family).",
+    ]
+    return "\n".join(lines)
+
+
+def gate_acted(points: list[dict], suite: str) -> str:
+    """Did RGPO's gate against pi_old act at the stalest level: its rejected fraction, kl_coef against the
+    floor, and how far r_b moved (numbers, no test)."""
+    from rgpo_trl.core import PAPER_KL_DEFAULTS
+
+    _, spec = STUDIES[suite]
+    stale = list(spec["levels"])[-1]
+    floor = PAPER_KL_DEFAULTS["kl_coef_min"]
+    out = []
+    for m in ("rgpo", "rgpo_old"):
+        p = next((q for q in points if q["method"] == m and q["level"] == stale and q["n"] > 0), None)
+        if p is None:
+            continue
+        acted = p["rejected_frac"].mean > 0 or p["kl_coef"].mean > floor * 1.01
+        out.append(
+            f"{m} at the stalest level: rejected fraction {_cell(p['rejected_frac'])}, kl_coef "
+            f"{_cell(p['kl_coef'])} (floor {floor:g}), r_b beyond 1.2 {_cell(p['r_beyond_1.2'])}, beyond 2 "
+            f"{_cell(p['r_beyond_2'])}, largest r_b {_cell(p['r_max'])}: the gate against pi_old "
+            + ("acted." if acted else "did not act (no rejected tokens, the controller at its floor).")
+        )
+    return " ".join(out)
+
+
+def along_training(run: dict, key: str) -> dict[int, float]:
+    """Mean of ``key`` per bin of `STEP_BIN` optimizer steps (the rows' ``step``)."""
+    by_bin: dict[int, list[float]] = {}
+    for row in run["rows"]:
+        if row.get(key) is not None and np.isfinite(row[key]):
+            by_bin.setdefault((row["step"] - 1) // STEP_BIN, []).append(row[key])
+    return {b: float(np.mean(v)) for b, v in sorted(by_bin.items())}
+
+
+def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    letter, spec = STUDIES[suite]
+    methods = list(spec["methods"])
+    colour = {m: f"C{i}" for i, m in enumerate(methods)}
+    panels = [
+        ("gold", "test gold"),
+        ("kl_ref", "test KL_ref"),
+        ("r_beyond_1.2", "r_b: share beyond 1.2"),
+        ("r_max", "r_b: largest in the window"),
+        ("kl_old", "KLhat_old (window)"),
+        ("rejected_frac", "rejected fraction (RGPO)"),
+        ("kl_coef", "kl_coef (RGPO)"),
+        ("clip_frac", "clipped / truncated fraction"),
+    ]
+    written = []
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
+        for m in methods:
+            pts = [p for p in points if p["method"] == m and p[key].n > 0]
+            if pts:
+                ax.errorbar(
+                    [p["level"] for p in pts],
+                    [p[key].mean for p in pts],
+                    yerr=[np.nan_to_num(p[key].std) for p in pts],
+                    fmt="-o",
+                    color=colour[m],
+                    ms=4,
+                    lw=1,
+                    capsize=2,
+                    label=m,
+                )
+        levels = list(spec["levels"])
+        ax.set(xscale="log", xlabel=letter, title=title)
+        ax.set_xticks(levels, [str(v) for v in levels])
+        if key in ("kl_old", "r_max", "kl_coef"):
+            ax.set_yscale("log")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no runs yet", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    fig.suptitle(f"{suite}: against {letter} (seed mean ± 1 std)", fontsize=10)
+    written.append(_save(fig, out, f"{suite}.png"))
+
+    curves = [
+        ("rewards/gold/mean", "gold (training batches)"),
+        ("kl_ref/monitor", "KL_ref (pi_old to pi_ref)"),
+        ("behaviour/beyond_1.2", "r_b beyond 1.2"),
+        ("behaviour/kl_old", "KLhat_old"),
+        ("rgpo/rejected_frac", "rejected fraction"),
+        ("rgpo/kl_coef", "kl_coef"),
+    ]
+    if suite == "stale_async":
+        curves[1] = ("rgpo/kl_ref", "KL_ref (rgpo's)")
+        curves[3] = ("rgpo/kl_old", "KLhat_old")
+    fig, axes = plt.subplots(len(methods), len(curves), figsize=(3 * len(curves), 2.4 * len(methods)))
+    axes = np.atleast_2d(axes)
+    for row, m in zip(axes, methods, strict=True):
+        for ax, (key, title) in zip(row, curves, strict=True):
+            for i, p in enumerate(p for p in points if p["method"] == m and p["n"] > 0):
+                per_run = [along_training(r, key) for r in p["runs"]]
+                bins = sorted(set.intersection(*(set(c) for c in per_run))) if per_run else []
+                if not bins:
+                    continue
+                values = np.array([[c[b] for b in bins] for c in per_run])
+                x = np.array(bins) * STEP_BIN + (STEP_BIN + 1) / 2
+                mean = values.mean(0)
+                ax.plot(x, mean, color=f"C{i}", lw=1, label=f"{letter} = {p['level']} (n={p['n']})")
+                if len(values) > 1:
+                    std = values.std(0, ddof=1)
+                    ax.fill_between(x, mean - std, mean + std, color=f"C{i}", alpha=0.2, lw=0)
+            ax.set_title(f"{m}: {title}", fontsize=8)
+            ax.tick_params(labelsize=6)
+            if not ax.lines:
+                ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, fontsize=7)
+            elif key in ("rgpo/kl_coef",):
+                ax.set_yscale("log")
+        if row[0].lines:
+            row[0].legend(fontsize=6)
+    for ax in axes[-1]:
+        ax.set_xlabel("optimizer step", fontsize=7)
+    fig.suptitle(f"{suite} along training (seed mean, band ± 1 std, bins of {STEP_BIN} steps)", fontsize=9)
+    written.append(_save(fig, out, f"{suite}_per_step.png"))
+    return written
+
+
+def _save(fig, out: str, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, name), dpi=100)
+    plt.close(fig)
+    return name
+
+
+def build_staleness(
+    suites: dict[str, dict[str, list[dict]]], out: str, plots: bool = True
+) -> tuple[str, dict]:
+    """The staleness section (markdown) and its numbers (for studies.json) from the loaded suites
+    (``{"stale_sync": runs, "stale_async": runs}``; a suite without runs is listed as not run)."""
+    parts = ["## Stale samples (staleness study)", "", "Reading rules (committed before the first run):", ""]
+    parts += ["    " + line for line in STALENESS_RULE.splitlines()] + [""]
+    numbers = {}
+    for suite in STUDIES:
+        runs = suites.get(suite, {})
+        points = staleness_points(runs, suite)
+        tests = staleness_tests(points, suite)
+        strip = [{k: v for k, v in p.items() if k != "runs"} for p in points]
+        numbers[suite] = {"points": strip, "tests": tests}
+        finished = sum(p["n"] for p in points)
+        planned = sum(len(seeds) for seeds in STUDIES[suite][1]["levels"].values()) * len(
+            STUDIES[suite][1]["methods"]
+        )
+        parts += [staleness_markdown(suite, points, tests), ""]
+        parts += [f"Runs finished: {finished} of {planned}.", ""]
+        acted = gate_acted(points, suite)
+        if acted:
+            parts += [acted, ""]
+        if plots and finished:
+            parts += [f"![{f}]({f})" for f in staleness_figures(suite, points, out)] + [""]
+    return "\n".join(parts), numbers
