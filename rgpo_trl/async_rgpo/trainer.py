@@ -17,7 +17,6 @@ is TRL's.
 from __future__ import annotations
 
 import os
-import textwrap
 import time
 import warnings
 from typing import Any, NamedTuple
@@ -34,6 +33,7 @@ from ..trainer.checkpoint import (  # one checkpoint format for both trainers
     save_kl_controller,
     write_json_state,
 )
+from ..trainer.trainer import RGPO_PAPER
 from .config import AsyncRGPOConfig
 from .cpu import install_cpu_shims
 
@@ -113,17 +113,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
 
     _tag_names = ["trl", "rgpo", "async-grpo"]
     _name = "AsyncRGPO"
-    _paper = {
-        "title": "Beyond Importance Sampling: Rejection-Gated Policy Optimization",
-        "id": None,
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @inproceedings{sun2025rgpo,
-                title        = {{Beyond Importance Sampling: Rejection-Gated Policy Optimization}},
-                author       = {Ziwu Sun and Zhen Gao and Jiyong Zhang and Jiaheng Li},
-                year         = 2025,
-            }"""),
-    }
+    _paper = RGPO_PAPER
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncRGPOConfig | None = None, **kwargs):
         if not isinstance(args, AsyncRGPOConfig):

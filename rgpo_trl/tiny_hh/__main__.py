@@ -8,15 +8,7 @@ from collections.abc import Sequence
 
 from rgpo_trl.cli import quiet_cpu_libraries
 
-from .build import (
-    BUILDER_VERSION,
-    CACHE_ENV,
-    DEFAULT_SEED,
-    VERSIONS,
-    TinyAssets,
-    assets_dir,
-    build_tiny_assets,
-)
+from . import build
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,24 +18,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
     p.add_argument("--quick", action="store_true", help="the small variant used by the tests")
     p.add_argument(
-        "--cache-dir", default=None, help=f"cache root (default ${CACHE_ENV} or ~/.cache/rgpo_trl)"
+        "--cache-dir", default=None, help=f"cache root (default ${build.CACHE_ENV} or ~/.cache/rgpo_trl)"
     )
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--seed", type=int, default=build.DEFAULT_SEED)
     p.add_argument("--threads", type=int, default=1, help="torch threads during the build")
-    p.add_argument("--version", type=int, choices=VERSIONS, default=BUILDER_VERSION, help="world version")
+    p.add_argument(
+        "--version", type=int, choices=build.VERSIONS, default=build.BUILDER_VERSION, help="world version"
+    )
     p.add_argument(
         "--manifest", action="store_true", help="print the manifest (paths, build info) when cached too"
     )
     a = p.parse_args(argv)
-    existing = TinyAssets.at(assets_dir(a.cache_dir, quick=a.quick, seed=a.seed, version=a.version))
-    # cached as build_tiny_assets decides it: complete, of this version and seed (anything else is rebuilt)
-    cached = not a.force and existing.exists()
-    cached = cached and (existing.build_info.get("builder_version"), existing.build_info.get("seed")) == (
-        a.version,
-        a.seed,
+    existing = build.TinyAssets.at(
+        build.assets_dir(a.cache_dir, quick=a.quick, seed=a.seed, version=a.version)
     )
+    cached = not a.force and existing.built(a.version, a.seed)  # as build_tiny_assets decides it
     quiet_cpu_libraries()
-    assets = build_tiny_assets(
+    assets = build.build_tiny_assets(
         a.cache_dir, force=a.force, quick=a.quick, seed=a.seed, num_threads=a.threads, version=a.version
     )
     if cached and not a.manifest:  # the manifest once, when the assets are built (or with --manifest)

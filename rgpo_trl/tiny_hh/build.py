@@ -114,6 +114,12 @@ class TinyAssets:
             and (self.reward_model_dir / "config.json").is_file()
         )
 
+    def built(self, version: int, seed: int) -> bool:
+        """Whether complete assets of world ``version`` and ``seed`` are here: the cache's test (anything
+        else is rebuilt)."""
+        info = self.build_info if self.exists() else {}
+        return (info.get("builder_version"), info.get("seed")) == (version, seed)
+
 
 def default_cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rgpo_trl").expanduser()
@@ -438,10 +444,8 @@ def build_tiny_assets(
     """
     target = assets_dir(cache_dir, quick=quick, seed=seed, version=version)
     assets = TinyAssets.at(target)
-    if assets.exists() and not force:
-        info = assets.build_info
-        if info.get("builder_version") == version and info.get("seed") == seed:
-            return assets
+    if not force and assets.built(version, seed):
+        return assets
     gold, _ = gold_for(version)
     import torch
 

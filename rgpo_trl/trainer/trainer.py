@@ -44,6 +44,20 @@ from .config import RGPOConfig, micro_batches_per_iteration
 __all__ = ["KL_CONTROLLER_FILE", "RGPOTrainer"]
 
 
+# The model card's citation, shared by both RGPO trainers.
+RGPO_PAPER = {
+    "title": "Beyond Importance Sampling: Rejection-Gated Policy Optimization",
+    "id": None,
+    # docstyle-ignore
+    "citation": textwrap.dedent("""\
+        @inproceedings{sun2025rgpo,
+            title        = {{Beyond Importance Sampling: Rejection-Gated Policy Optimization}},
+            author       = {Ziwu Sun and Zhen Gao and Jiyong Zhang and Jiaheng Li},
+            year         = 2025,
+        }"""),
+}
+
+
 class RGPOTrainer(GRPOTrainer):
     """Trainer for Rejection-Gated Policy Optimization (RGPO) on language models.
 
@@ -63,17 +77,7 @@ class RGPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "rgpo"]
     _name = "RGPO"
-    _paper = {
-        "title": "Beyond Importance Sampling: Rejection-Gated Policy Optimization",
-        "id": None,
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @inproceedings{sun2025rgpo,
-                title        = {{Beyond Importance Sampling: Rejection-Gated Policy Optimization}},
-                author       = {Ziwu Sun and Zhen Gao and Jiyong Zhang and Jiaheng Li},
-                year         = 2025,
-            }"""),
-    }
+    _paper = RGPO_PAPER
 
     def __init__(self, model, reward_funcs=None, args: RGPOConfig | None = None, **kwargs):
         if args is None:
@@ -236,10 +240,10 @@ class RGPOTrainer(GRPOTrainer):
         return per_token_logps, entropies, aux_loss, mask
 
     def _aggregate(self, per_token_loss, mask, inputs, mode) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type`` (mirrored; a test
-        pins TRL's lines). Returns the loss and, detached, what GRPOTrainer records as ``policy_loss`` for that
-        ``loss_type`` (for grpo / bnpo / dr_grpo the value before the gradient-accumulation scaling, for dapo
-        the loss itself)."""
+        """Reduce the per-token loss as GRPOTrainer reduces its own for the same ``loss_type`` (mirrored; a
+        test pins TRL's lines). Returns the loss and, detached, what GRPOTrainer records as ``policy_loss``
+        for that ``loss_type`` (for grpo / bnpo / dr_grpo the value before the gradient-accumulation scaling,
+        for dapo the loss itself)."""
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if self.loss_type in ("grpo", "bnpo", "dr_grpo"):
             if self.loss_type == "grpo":  # mean over each sequence's tokens, then over sequences

@@ -3,9 +3,9 @@
 `_load_optimizer_and_scheduler`, `_get_per_token_logps_and_entropies`'s callers), which TRL may change in any
 release; outside the tested range they may still work, so importing them warns once instead of failing.
 
-Where a trainer has to mirror TRL code (TRL has no hook between the pieces it needs), the tests pin a digest of
-the mirrored TRL lines (`source_segment_digest`), so that a TRL release that changes them fails a test naming
-the lines instead of silently diverging."""
+Where a trainer has to mirror TRL code (TRL has no hook between the pieces it needs), the tests pin a digest
+of the mirrored TRL lines (`source_segment_digest`), so that a TRL release that changes them fails a test
+naming the lines instead of silently diverging."""
 
 from __future__ import annotations
 
