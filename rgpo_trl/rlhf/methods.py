@@ -31,20 +31,32 @@ the same reference forward made by the monitor itself.
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import logging
 import math
 import os
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import peft
 import torch
+from accelerate.utils import is_peft_model
+from packaging.version import Version
+from peft import LoraConfig
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
-from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import use_adapter
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, get_peft_config
+from trl.models.utils import disable_gradient_checkpointing, prepare_deepspeed, prepare_fsdp
+from trl.trainer.utils import (
+    add_fused_lm_head,
+    create_model_from_path,
+    disable_dropout_in_model,
+    get_config_model_id,
+    use_adapter,
+)
 
 from ..core import clamp_log_ratio, kl_ref_estimate
 from ..trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
@@ -56,31 +68,76 @@ class ReferenceKLMonitor:
     """Mixin: logs ``kl_ref/monitor`` = mean k3 KL(pi_old || pi_ref) over the completion tokens of each
     generation batch, for every method.
 
-    With beta != 0, GRPOTrainer scores each generation batch under the reference (``ref_per_token_logps``) for
-    its loss, and the monitor reads those log-probs. With beta = 0 (GRPO) TRL neither builds the reference nor
-    scores under it, so the monitor:
+    With beta != 0, GRPOTrainer builds the reference and scores each generation batch under it
+    (``ref_per_token_logps``) for its loss, and the monitor reads those log-probs. With beta = 0 (GRPO) TRL
+    neither builds nor runs a reference, and the trainer is left so (its config, ``beta`` and loss are
+    GRPO's); the monitor brings its own:
 
-    - builds the trainer with ``monitor_beta`` (the config's beta is lent for the construction only, then set
-      back to 0 on the config and the trainer), so that GRPOTrainer creates the reference exactly as for a
-      KL-penalised method: a frozen copy of the initial policy (``ref_model``), or for a PEFT policy the
-      adapter-disabled model (its ``"ref"`` adapter for a pre-trained one);
-    - computes the reference log-probs itself after each generation batch (`_reference_per_token_logps`, TRL's
-      reference forward) and never puts them into the batch, so the loss is exactly GRPO's.
+    - after construction, `_build_reference` builds the reference as GRPOTrainer does for beta != 0 and sets
+      it as ``ref_model``, which GRPOTrainer leaves None with beta = 0 and then never reads (for a PEFT
+      policy the reference is the policy with its adapter disabled, or a pre-trained adapter's frozen
+      ``"ref"`` copy);
+    - after each generation batch, `_reference_per_token_logps` scores it under that reference with TRL's
+      reference forward; the log-probs never enter the batch, so the loss is exactly GRPO's.
 
-    The trainer's state (``beta`` included) is not changed while a batch is scored or the metric computed.
+    ``monitor_builds_reference`` says which case a trainer is in. The trainer's state is not changed while a
+    batch is scored or the metric computed.
     """
 
-    monitor_beta = 1.0
-
     def __init__(self, *args: Any, **kwargs: Any):
-        train_args = kwargs.get("args")
-        self._borrows_reference = train_args is not None and train_args.beta == 0.0
-        if self._borrows_reference:
-            train_args.beta = self.monitor_beta  # so that GRPOTrainer builds the reference model
         super().__init__(*args, **kwargs)
-        if self._borrows_reference:
-            self.beta = self.args.beta = 0.0
+        self.monitor_builds_reference = self.beta == 0.0
+        if self.monitor_builds_reference:
+            given = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
+            self.ref_model = self._build_reference(
+                pre_wrapped_peft=given.get("peft_config") is None,
+                quantization_config=given.get("quantization_config"),
+            )
         self._warned_no_old = False
+
+    def _build_reference(self, pre_wrapped_peft: bool, quantization_config=None):
+        """The reference GRPOTrainer's ``__init__`` builds when beta != 0, built the same way here (the TRL
+        lines followed are pinned by a digest in tests/test_reference_kl_monitor.py): a frozen copy of the
+        initial policy loaded from its path, dropout disabled as configured, with TRL's fused LM head,
+        prepared for DeepSpeed, FSDP or the accelerator; None for a PEFT policy, whose reference is the policy
+        with its adapter disabled or, for a model passed with a pre-trained adapter, its ``"ref"`` copy, added
+        here. With ``cast_lm_head_to_fp32`` the fused head (the monitor's forward) runs in float32 as TRL's
+        does; the copy's plain forward keeps its dtype."""
+        args, policy = self.args, self.accelerator.unwrap_model(self.model)
+        if is_peft_model(policy):
+            default_config = policy.peft_config["default"]
+            if not pre_wrapped_peft or (
+                isinstance(default_config, LoraConfig)
+                and Version("0.17.0") <= Version(peft.__version__) < Version("0.20.0")
+                and default_config.target_parameters
+            ):  # the base model is the reference (for the second case TRL says so in a warning)
+                return None
+            policy.add_adapter("ref", default_config)
+            for name, param in policy.named_parameters():
+                if ".default." in name:
+                    policy.get_parameter(name.replace(".default.", ".ref.")).data.copy_(param.data)
+            if args.disable_dropout:
+                disable_dropout_in_model(policy)
+            return None
+        model_init_kwargs = dict(args.model_init_kwargs or {})
+        if quantization_config is not None:
+            model_init_kwargs["quantization_config"] = quantization_config
+        if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+            model_init_kwargs["device_map"] = None
+        model_init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+        model_init_kwargs.setdefault("dtype", policy.dtype)
+        model_init_kwargs.setdefault("attn_implementation", policy.config._attn_implementation)
+        reference = create_model_from_path(get_config_model_id(policy.config), **model_init_kwargs)
+        if args.disable_dropout:
+            disable_dropout_in_model(reference)
+        add_fused_lm_head(
+            reference, temperature=self.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32
+        )
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(reference, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(reference, self.accelerator)
+        return self.accelerator.prepare_model(reference, evaluation_mode=True)
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -89,7 +146,8 @@ class ReferenceKLMonitor:
 
     def _log_reference_kl(self, batch: dict[str, Any]) -> None:
         """Append the batch's k3 KL(pi_old || pi_ref), token-weighted over all processes, to
-        ``kl_ref/monitor``; the reference log-probs are the batch's, or computed here when the loss has none."""
+        ``kl_ref/monitor``; the reference log-probs are the batch's, or computed here when the loss has
+        none."""
         mode = "train" if self.model.training else "eval"
         old = batch.get("old_per_token_logps")
         if old is None:
@@ -98,7 +156,7 @@ class ReferenceKLMonitor:
                 print("[rgpo-trl] kl_ref/monitor needs num_iterations > 1 (pi_old log-probs); not logged.")
             return
         ref = batch.get("ref_per_token_logps")
-        if ref is None and self._borrows_reference:
+        if ref is None and self.monitor_builds_reference:
             ref = self._reference_per_token_logps(batch)
         if ref is None:
             return
@@ -116,36 +174,29 @@ class ReferenceKLMonitor:
         completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        logits_to_keep = completion_ids.size(1)
         mode = "train" if self.model.training else "eval"
         batch_size = (
             self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         )
-        forward_kwargs = {key: batch.get(key) for key in _MULTIMODAL_FORWARD_KEYS}
+        if self.ref_model is not None:
+            model, reference = self.ref_model, nullcontext()
+        else:
+            policy = self.accelerator.unwrap_model(self.model)
+            model = self.model
+            reference = use_adapter(policy, adapter_name="ref" if "ref" in policy.peft_config else None)
         with (
             torch.no_grad(),
             disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+            reference,
         ):
-            if self.ref_model is not None:
-                ref_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(
-                    self.ref_model,
-                    input_ids,
-                    attention_mask,
-                    logits_to_keep,
-                    batch_size=batch_size,
-                    **forward_kwargs,
-                )
-            else:
-                model = self.accelerator.unwrap_model(self.model)
-                with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
-                    ref_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(
-                        self.model,
-                        input_ids,
-                        attention_mask,
-                        logits_to_keep,
-                        batch_size=batch_size,
-                        **forward_kwargs,
-                    )
+            ref_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                completion_ids.size(1),
+                batch_size=batch_size,
+                **{key: batch.get(key) for key in _MULTIMODAL_FORWARD_KEYS},
+            )
         return ref_per_token_logps
 
 
@@ -215,6 +266,20 @@ def get_rlhf_method(name: str) -> RLHFMethod:
     if name not in RLHF_METHODS:
         raise ValueError(f"method must be one of {list(RLHF_METHODS)}, got {name!r}")
     return RLHF_METHODS[name]
+
+
+def make_trainer(trainer_class: type, model_args, training_args, tokenizer, dataset, **kwargs: Any):
+    """``trainer_class`` built as the recipe builds every method's trainer (sync, async, offline): the policy
+    by its path with ModelConfig's PEFT settings, the run's config, training data and tokenizer; ``kwargs``
+    add what the trainer takes besides (reward functions, a rollout worker)."""
+    return trainer_class(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        **kwargs,
+    )
 
 
 class RGPOMonitoredTrainer(ReferenceKLMonitor, RGPOTrainer):
