@@ -37,24 +37,10 @@ import os
 import sys
 from pathlib import Path
 
-from accelerate import PartialState
-from transformers import AutoTokenizer
-from trl import get_peft_config
-
 from rgpo_trl.cli import UsageError, plain_output_when_piped, quiet_cpu_libraries, run_main
 from rgpo_trl.rlhf.arguments import HHScriptArguments
 from rgpo_trl.rlhf.hub_access import HubUnavailableError
-from rgpo_trl.rlhf.methods import IterationMetricsWriter, get_rlhf_method, quiet_console
-from rgpo_trl.rlhf.offline import run_offline
 from rgpo_trl.rlhf.parsing import parse_recipe_args
-from rgpo_trl.rlhf.prompt_splits import training_prompts
-from rgpo_trl.rlhf.recipe_evaluation import (
-    add_validation,
-    heldout_after_training,
-    sampling_settings,
-    summary_window,
-)
-from rgpo_trl.rlhf.rewards import load_pairwise_reward
 from rgpo_trl.rlhf.runtime import (
     finish,
     init_distributed_for_cpu_deepspeed,
@@ -64,7 +50,6 @@ from rgpo_trl.rlhf.runtime import (
     verbose_console,
 )
 from rgpo_trl.rlhf.worlds import resolve_tiny_assets, training_rewards
-from rgpo_trl.trainer import optimizer_steps_per_iteration
 
 logger = logging.getLogger("rgpo_trl.recipe")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -74,6 +59,23 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     """Train ``script_args.method`` on the world's prompts and evaluate it; returns the window summary
     (summary.json, on the main process). The arguments are `parse_recipe_args`'s; ``tiny-hh/<asset>`` paths in
     them are resolved here (the assets are built once and cached)."""
+    # imported here, as TRL's grpo.py imports its trainer: a bad command line is refused before the trainers
+    # (transformers', TRL's, rgpo_trl's) and the models load
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+
+    from rgpo_trl.rlhf.methods import IterationMetricsWriter, get_rlhf_method, make_trainer, quiet_console
+    from rgpo_trl.rlhf.offline import run_offline
+    from rgpo_trl.rlhf.prompt_splits import training_prompts
+    from rgpo_trl.rlhf.recipe_evaluation import (
+        RunEvaluation,
+        heldout_after_training,
+        sampling_settings,
+        summary_window,
+    )
+    from rgpo_trl.rlhf.rewards import load_pairwise_reward
+    from rgpo_trl.trainer import optimizer_steps_per_iteration
+
     resolve_tiny_assets(script_args, model_args)
     setup_logging(training_args)
     if plain_output_when_piped():  # a log file gets plain lines, no progress-bar frames
@@ -111,13 +113,8 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
         )
     else:
         method = get_rlhf_method(script_args.method)
-        trainer = method.trainer_class(
-            model=model_args.model_name_or_path,
-            reward_funcs=reward_funcs,
-            args=training_args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=get_peft_config(model_args),
+        trainer = make_trainer(
+            method.trainer_class, model_args, training_args, tokenizer, dataset, reward_funcs=reward_funcs
         )
     place_reward_model(reward_model, trainer)
     trainer.add_callback(
@@ -132,18 +129,8 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     )
     if not verbose_console(training_args):
         quiet_console(trainer)
-    sampling = sampling_settings(training_args)
-    add_validation(
-        trainer,
-        script_args,
-        training_args,
-        tokenizer,
-        validation_prompts,
-        reward_model,
-        sampling,
-        steps_per_iteration,
-        window,
-    )
+    evaluation = RunEvaluation(script_args, tokenizer, reward_model, sampling_settings(training_args))
+    evaluation.add_validation(trainer, training_args, validation_prompts, steps_per_iteration, window)
     if state.is_main_process:
         logger.info(
             "%s (%s world): %d iterations x %d optimizer steps, %d process(es), metrics -> %s/metrics.jsonl",
@@ -156,16 +143,7 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
         )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     finish(trainer, script_args, training_args)
-    heldout_after_training(
-        trainer,
-        script_args,
-        training_args,
-        model_args,
-        tokenizer,
-        reward_model,
-        sampling,
-        state.num_processes,
-    )
+    heldout_after_training(evaluation, trainer, training_args, model_args, state.num_processes)
     summary = {}
     summary_path = os.path.join(training_args.output_dir, "summary.json")
     if state.is_main_process and os.path.exists(summary_path):

@@ -176,6 +176,39 @@ def test_hub_id_offline_fails_before_training_with_actionable_message(tmp_path):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--config", "/nonexistent.yaml"], "config file '/nonexistent.yaml' not found"),
+        (["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--trainer", "later"], "trainer must be"),
+        (["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--world", "mars"], "world must be one of"),
+    ],
+    ids=["config", "trainer", "world"],
+)
+def test_bad_preset_trainer_or_world_is_refused_before_the_trainers_load(flags, needle):
+    """The recipe parses before it imports its trainers (as TRL's grpo.py imports its own in main), and reads
+    the preset, method, trainer and world before the trainer configs: these errors come before transformers'
+    Trainer, TRL's trainers and rgpo_trl's are imported (``-X importtime`` lists every module imported)."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(RECIPE), *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
+    assert "rgpo_trl.rlhf.parsing" in imported  # the listing works
+    loaded = imported & {
+        "transformers.trainer",
+        "trl.trainer.grpo_trainer",
+        "rgpo_trl.trainer",
+        "rgpo_trl.rlhf.methods",
+    }
+    assert not loaded, loaded
+
+
 def _tiny_argv(assets, out, method, iterations=2, extra=()):
     """The tiny preset on exactly the fixture's assets (same cache root, quick variant)."""
     return [

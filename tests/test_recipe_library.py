@@ -3,6 +3,7 @@ recipe_evaluation, runtime), without training: what they decide from the argumen
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,11 +11,22 @@ import pytest
 from datasets import Dataset
 
 from rgpo_trl.cli import UsageError
-from rgpo_trl.rlhf.arguments import HHScriptArguments, make_recipe_parser, model_config_without
-from rgpo_trl.rlhf.offline import PresetGeneration, preset_generation
-from rgpo_trl.rlhf.parsing import check_hub_ids, config_name, parse_recipe_args
+from rgpo_trl.rlhf.arguments import (
+    HHScriptArguments,
+    PresetGeneration,
+    make_recipe_parser,
+    model_config_without,
+)
+from rgpo_trl.rlhf.parsing import (
+    EarlySettings,
+    check_hub_ids,
+    config_name,
+    parse_recipe_args,
+    preset_generation,
+    read_early_settings,
+)
 from rgpo_trl.rlhf.prompt_splits import split_validation
-from rgpo_trl.rlhf.recipe_evaluation import sampling_settings, summary_window, validation_callback
+from rgpo_trl.rlhf.recipe_evaluation import RunEvaluation, sampling_settings, summary_window
 from rgpo_trl.rlhf.runtime import init_distributed_for_cpu_deepspeed, model_init_kwargs, verbose_console
 from rgpo_trl.rlhf.worlds import (
     WORLDS,
@@ -58,8 +70,14 @@ def test_an_offline_method_lists_the_preset_settings_it_does_not_read():
 
 def test_hub_check_skips_tiny_assets_and_data_files():
     check_hub_ids(  # nothing here names a hub id: no network, no error
-        _script(reward_model_name_or_path="tiny-hh/reward_model", dataset_name="data/train.jsonl"),
-        SimpleNamespace(model_name_or_path="tiny-hh/policy"),
+        EarlySettings(
+            method="rgpo",
+            trainer="sync",
+            world="tiny",
+            model_name_or_path="tiny-hh/policy",
+            reward_model_name_or_path="tiny-hh/reward_model",
+            dataset_name="data/train.jsonl",
+        )
     )
 
 
@@ -112,12 +130,10 @@ def test_summary_window_and_validation_iterations():
     assert summary_window(_script(window_start=2, window_end=5), 8) == (2, 5)
     args = SimpleNamespace(output_dir="out", seed=3, max_completion_length=8, temperature=0.7)
     assert sampling_settings(args) == {"max_new_tokens": 8, "temperature": 0.7, "seed": 3}
-    assert (
-        validation_callback(_script(validation_prompts=0), args, None, [], None, None, {}, 2, (2, 8)) is None
-    )
-    callback = validation_callback(
-        _script(validation_prompts=1, validation_every=3), args, None, ["p"], None, None, {}, 2, (2, 8)
-    )
+    off = RunEvaluation(_script(validation_prompts=0), None, None, sampling_settings(args))
+    assert off.validation_callback(args, [], None, 2, (2, 8)) is None
+    on = RunEvaluation(_script(validation_prompts=1, validation_every=3), None, None, sampling_settings(args))
+    callback = on.validation_callback(args, ["p"], None, 2, (2, 8))
     assert callback.iterations == [5, 8] and callback.seed == 3000 and callback.steps_per_iteration == 2
 
 
@@ -151,8 +167,9 @@ def test_an_offline_methods_preset_generation_is_typed_from_the_leftover_setting
 
 
 def test_an_offline_methods_bad_generation_setting_is_refused_at_parse_time_naming_the_field():
-    """DPO reads three of the preset's generation settings itself; a bad value is a UsageError naming the field
-    before anything is built (it was argparse's exit with an internal parser's usage line, after loading)."""
+    """DPO reads three of the preset's generation settings itself; a bad value is a UsageError naming the
+    field before anything is built (it was argparse's exit with an internal parser's usage line, after
+    loading)."""
     argv = ["--config", TINY, "--method", "dpo", "--temperature", "abc"]
     with pytest.raises(UsageError, match="--temperature: invalid float value: 'abc'"):
         parse_recipe_args(argv, check_hub=False)
@@ -167,3 +184,58 @@ def test_a_missing_config_lists_the_presets_only_where_they_are(tmp_path):
         config_name(["--config", "nope.yaml"])
     with pytest.raises(ValueError, match="in a checkout of rgpo-trl$"):
         config_name(["--config", "nope.yaml"], tmp_path / "no-configs")
+
+
+def test_one_trl_parser_pass_for_every_kind_of_method(monkeypatch):
+    """The command line is parsed by one TrlParser, once (the early read of the method and trainer is plain
+    argparse), whatever the method's config class: GRPOTrainer family, offline (DPO), asynchronous."""
+    from trl import TrlParser
+
+    calls = []
+    original = TrlParser.parse_args_and_config
+
+    def counted(self, *args, **kwargs):
+        calls.append([t.__name__ for t in self.dataclass_types])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrlParser, "parse_args_and_config", counted)
+    for flags, config in (
+        ([], "RGPOConfig"),
+        (["--method", "grpo"], "GRPOConfig"),
+        (["--method", "dpo"], "DPOConfig"),
+        (["--trainer", "async"], "AsyncRGPOConfig"),
+    ):
+        calls.clear()
+        _, train, _ = parse_recipe_args(["--config", TINY, *flags], check_hub=False)
+        assert type(train).__name__ == config and len(calls) == 1 and calls[0][1] == config
+
+
+def test_early_settings_read_the_yaml_under_the_command_line(tmp_path):
+    """The method and trainer that pick the config class are read as TrlParser reads every field: the YAML
+    over the defaults, the command line over the YAML; an abbreviated --method, which argparse would expand
+    for the parser but not for the early read, is refused."""
+    preset = tmp_path / "hh_rlhf_mine.yaml"
+    preset.write_text(Path(TINY).read_text() + "\nmethod: grpo\n")
+    early = read_early_settings(["--config", str(preset)])
+    assert (early.method, early.trainer, early.world) == ("grpo", "sync", "tiny")
+    assert read_early_settings(["--config", str(preset), "--method=sapo"]).method == "sapo"
+    assert (
+        read_early_settings([]).reward_model_name_or_path == "OpenAssistant/reward-model-deberta-v3-large-v2"
+    )
+    script, train, _ = parse_recipe_args(["--config", str(preset)], check_hub=False)
+    assert script.method == "grpo" and type(train).__name__ == "GRPOConfig"
+    assert train.output_dir == "runs/hh_rlhf_qwen/mine-grpo"
+    with pytest.raises(UsageError, match="--method and --trainer must be given in full"):
+        parse_recipe_args(["--config", TINY, "--metho", "grpo"], check_hub=False)
+    for flags, needle in (
+        (["--trainer", "later"], "trainer must be 'sync' or 'async', got 'later'"),
+        (["--world", "mars"], "world must be one of"),
+        (["--config"], "--config needs the path of a YAML file"),
+        (["--method"], "--method: expected one argument"),
+    ):
+        with pytest.raises(UsageError, match=re.escape(needle)):
+            parse_recipe_args(flags, check_hub=False)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(UsageError, match="must contain a YAML mapping"):
+        parse_recipe_args(["--config", str(bad)], check_hub=False)

@@ -182,6 +182,17 @@ class HHScriptArguments(ScriptArguments):
     )
 
 
+@dataclass
+class PresetGeneration:
+    """The preset's settings an offline method's trainer config (DPOConfig) has no field for but its run still
+    uses, with the online methods' meaning: the evaluation's completion length and temperature, and
+    ``num_iterations``, the optimizer steps of one iteration (so DPO takes as many steps as an online run)."""
+
+    max_completion_length: int = 64
+    temperature: float = 1.0
+    num_iterations: int = 2
+
+
 # printed as it is by --help (RawDescriptionHelpFormatter); a backslash at a line's end continues the line
 DESCRIPTION = """RGPO (and the paper's baselines) on Anthropic HH-RLHF with a pairwise DeBERTa reward model.
 
@@ -212,8 +223,8 @@ def model_config_without(names: set[str]) -> type:
 
 
 def make_recipe_parser(config_class: type, model_config: type = ModelConfig) -> TrlParser:
-    """The recipe's TrlParser over (HHScriptArguments, ``config_class``, ``model_config``): a description at the
-    top of --help, the script's own fields first."""
+    """The recipe's TrlParser over (HHScriptArguments, ``config_class``, ``model_config``): a description at
+    the top of --help, the script's own fields first."""
     return TrlParser(
         (HHScriptArguments, config_class, model_config),
         usage=USAGE,

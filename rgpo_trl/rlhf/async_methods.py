@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelerate import PartialState
-from trl import get_peft_config
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
 from ..async_rgpo import (
@@ -28,7 +27,7 @@ from ..async_rgpo import (
     install_cpu_shims,
 )
 from ..cli import UsageError
-from .methods import BASE_METRICS
+from .methods import BASE_METRICS, make_trainer
 
 logger = logging.getLogger("rgpo_trl.recipe")
 
@@ -119,13 +118,13 @@ def build_async_trainer(
             f"`trl vllm-serve --model {model_args.model_name_or_path}` (--vllm_server_base_url, default "
             f"{training_args.vllm_server_base_url}); without a GPU use --async_rollout in_process"
         )
-    trainer = method.trainer_class(
-        model=model_args.model_name_or_path,
+    trainer = make_trainer(
+        method.trainer_class,
+        model_args,
+        training_args,
+        tokenizer,
+        dataset,
         reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
         **workers,
     )
     return method, trainer

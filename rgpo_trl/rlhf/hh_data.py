@@ -293,6 +293,15 @@ def hold_out_validation(dataset, n: int):
     if n == 0:
         return dataset, dataset.select([])
     validation = dataset.select(range(len(dataset) - n, len(dataset)))
-    held = {json.dumps(p, sort_keys=True) for p in validation["prompt"]}
-    keep = [i for i, p in enumerate(dataset["prompt"]) if json.dumps(p, sort_keys=True) not in held]
-    return dataset.select(keep), validation
+    return without_prompts(dataset, validation["prompt"]), validation
+
+
+def without_prompts(dataset, prompts: Iterable[Any]):
+    """The rows of ``dataset`` (a ``prompt`` column) whose prompt is none of ``prompts``, in order: every copy
+    of a held-out prompt leaves (a prompt can repeat in HH). ``dataset`` itself when ``prompts`` is empty."""
+    held = {json.dumps(p, sort_keys=True) for p in prompts}
+    if not held:
+        return dataset
+    return dataset.select(
+        [i for i, p in enumerate(dataset["prompt"]) if json.dumps(p, sort_keys=True) not in held]
+    )

@@ -1,30 +1,43 @@
 """The HH-RLHF recipe's command line to ``(script_args, training_args, model_args)``, checked.
 
-`parse_recipe_args` reads the command line with TrlParser's ``parse_args_and_config`` (YAML presets via
-``--config``) in two passes, because the method decides the trainer config class: a first pass reads the
-recipe's own fields and the model's (to check hub ids before anything is built), the second parses everything
-with the method's loss settings as defaults, which the YAML and the command line override: field defaults <
-method < YAML < command line. Every bad input is a `UsageError`, reported on one line by `rgpo_trl.cli`.
+`parse_recipe_args` reads the command line in one `TrlParser` pass (``parse_args_and_config``, YAML presets
+via ``--config``), as TRL's ``grpo.py`` does. That parser needs the trainer config class, which the method
+(and ``--trainer``) decides, so `read_early_settings` reads those first: plain argparse and YAML over six
+settings (method, trainer, world and the three hub ids), taken as TrlParser will take them (field default <
+YAML < command line), with no dataclass built and nothing else parsed twice. The world and the hub ids are
+checked from that read, before any config exists: building a bf16 preset's config fails first on a CPU-only
+machine, and the hub error is the one to act on.
+
+This module imports no trainer: the trainer configs and their registries (transformers' Trainer, TRL) load
+after the early read, so a missing preset, a bad ``--trainer`` or ``--world``, or an unreachable hub id is
+refused before them. The method's loss settings are the parser's defaults, which the YAML and the command line
+override: field defaults < method < YAML < command line. Every bad input is a `UsageError`, reported on one
+line by `rgpo_trl.cli`.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
-from trl import ModelConfig, TrlParser
+import yaml
+from transformers import HfArgumentParser
 
 from ..cli import UsageError
-from .arguments import HHScriptArguments, make_recipe_parser, model_config_without
+from .arguments import HHScriptArguments, PresetGeneration, make_recipe_parser, model_config_without
 from .hub_access import ensure_loadable, hub_offline
-from .methods import get_rlhf_method
-from .offline import preset_generation
 from .worlds import TINY_PREFIX, WORLDS, unknown_tiny_asset
 
 CONFIG_DIR = (
     Path(__file__).resolve().parents[2] / "recipes" / "configs"
 )  # the presets of a repository checkout
+TRAINERS = tuple(HHScriptArguments.__dataclass_fields__["trainer"].metadata["choices"])
 
 
 def config_name(argv: list[str], config_dir: Path = CONFIG_DIR) -> str:
@@ -32,7 +45,7 @@ def config_name(argv: list[str], config_dir: Path = CONFIG_DIR) -> str:
     finds it: the default output directory is per config file, so two presets never share one."""
     if "--config" not in argv:
         return "default"
-    path = Path(argv[argv.index("--config") + 1])
+    path = Path(_config_path(argv))
     if not path.is_file():
         known = sorted(p.stem.removeprefix("hh_rlhf_") for p in config_dir.glob("hh_rlhf_*.yaml"))
         presets = (  # listed where the presets are (a checkout); an installed package has none to list
@@ -44,13 +57,69 @@ def config_name(argv: list[str], config_dir: Path = CONFIG_DIR) -> str:
     return path.stem.removeprefix("hh_rlhf_")
 
 
-def check_hub_ids(script_args, model_args) -> None:
+def _config_path(argv: list[str]) -> str:
+    i = argv.index("--config")
+    if i + 1 == len(argv):
+        raise ValueError("--config needs the path of a YAML file")
+    return argv[i + 1]
+
+
+@dataclass(frozen=True)
+class EarlySettings:
+    """The settings the recipe needs before its TrlParser pass: ``method`` and ``trainer`` pick the trainer
+    config class; ``world`` and the hub ids are checked before any config is built."""
+
+    method: str
+    trainer: str
+    world: str
+    model_name_or_path: str | None
+    reward_model_name_or_path: str | None
+    dataset_name: str | None
+
+
+def read_early_settings(argv: list[str]) -> EarlySettings:
+    """`EarlySettings` of ``argv`` as TrlParser will read them: the command line over the ``--config`` YAML
+    over `HHScriptArguments`' defaults (``model_name_or_path``: ModelConfig's, None)."""
+    preset = _read_preset(_config_path(argv)) if "--config" in argv else {}
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    names = [f.name for f in fields(EarlySettings)]
+    for name in names:
+        parser.add_argument(f"--{name}")
+    with _argparse_errors():  # e.g. --method without a value
+        given, _ = parser.parse_known_args(argv)
+    defaults = {f.name: f.default for f in fields(HHScriptArguments)}
+    values = {
+        name: getattr(given, name)
+        if getattr(given, name) is not None
+        else preset.get(name, defaults.get(name))
+        for name in names
+    }
+    if values["trainer"] not in TRAINERS:
+        raise ValueError(f"trainer must be 'sync' or 'async', got {values['trainer']!r}")
+    if values["world"] not in WORLDS:
+        raise ValueError(f"world must be one of {sorted(WORLDS)}, got {values['world']!r}")
+    return EarlySettings(**values)
+
+
+def _read_preset(path: str) -> dict[str, Any]:
+    """The ``--config`` YAML, a mapping (TrlParser reads it again for every field)."""
+    try:
+        with open(path) as f:
+            preset = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {path!r} is not valid YAML: {err}") from err
+    if not isinstance(preset, dict):
+        raise ValueError(f"config file {path!r} must contain a YAML mapping")
+    return preset
+
+
+def check_hub_ids(settings: EarlySettings) -> None:
     """Fail before anything is built (a paper config without a GPU fails on bf16 first) when a hub id of the
     model, reward model or dataset cannot be loaded, e.g. offline without a local copy."""
     for value, kind in (
-        (model_args.model_name_or_path, "model"),
-        (script_args.reward_model_name_or_path, "model"),
-        (script_args.dataset_name, "dataset"),
+        (settings.model_name_or_path, "model"),
+        (settings.reward_model_name_or_path, "model"),
+        (settings.dataset_name, "dataset"),
     ):
         if value and not value.startswith(TINY_PREFIX) and not value.endswith((".json", ".jsonl")):
             ensure_loadable(value, kind)
@@ -83,17 +152,83 @@ def parse_recipe_args(
 
 def _parse_and_check(argv: list[str], check_hub: bool, config_dir: Path) -> tuple:
     run_name = config_name(argv, config_dir)
-    first, model_first, _ = TrlParser((HHScriptArguments, ModelConfig), add_help=False).parse_args_and_config(
-        args=argv, return_remaining_strings=True
+    early = read_early_settings(argv)
+    if check_hub and not {"-h", "--help"} & set(argv):  # --help is printed by the parser, offline too
+        check_hub_ids(early)
+    method, parser = _method_and_parser(early, run_name)
+    script_args, training_args, model_args, from_preset, from_cli = parser.parse_args_and_config(
+        args=argv, return_remaining_strings=True, separate_remaining_strings=True
     )
-    if first.trainer not in ("sync", "async"):
-        raise ValueError(f"trainer must be 'sync' or 'async', got {first.trainer!r}")
-    if first.world not in WORLDS:
-        raise ValueError(f"world must be one of {sorted(WORLDS)}, got {first.world!r}")
-    if check_hub and not {"-h", "--help"} & set(argv):  # --help is printed by the second parse, offline too
-        check_hub_ids(first, model_first)
-    parse = _parse_async if first.trainer == "async" else _parse_sync
-    script_args, training_args, model_args = parse(argv, first, run_name)
+    if (script_args.method, script_args.trainer) != (early.method, early.trainer):  # an abbreviated option
+        raise ValueError("--method and --trainer must be given in full")
+    unknown = [s for s in from_cli if s.startswith("--")]
+    if unknown and method.online:  # an offline method reads some generation settings itself (below)
+        raise ValueError(
+            f"{', '.join(unknown)}: not a field of the recipe or of {method.config_class.__name__}"
+        )
+    if from_preset and early.trainer == "sync" and method.online:
+        raise ValueError(
+            f"{', '.join(from_preset[::2])}: in the config file, but not a field of the recipe or of "
+            f"{method.config_class.__name__}"
+        )
+    script_args.unused_preset_settings = _unused(from_preset + from_cli)
+    _check_recipe_fields(script_args, training_args, model_args)
+    if early.trainer == "async":
+        _check_async(script_args, training_args, model_args)
+    elif not method.online:  # the generation settings an offline method reads, typed (and so checked) now
+        script_args.preset_generation = preset_generation(script_args.unused_preset_settings)
+    return script_args, training_args, model_args
+
+
+def _method_and_parser(early: EarlySettings, run_name: str) -> tuple[Any, Any]:
+    """The method and the run's one TrlParser: the recipe's fields, the method's trainer config with its loss
+    settings as defaults, and ModelConfig (without ``dtype`` for the asynchronous trainer, whose config
+    declares it)."""
+    # imported here, after the early checks: the registries import transformers and TRL (seconds), and the
+    # asynchronous one TRL's trl.experimental, loaded for --trainer async only
+    if early.trainer == "async":
+        from .async_methods import get_async_method
+
+        method = get_async_method(early.method)
+        parser = make_recipe_parser(method.config_class, model_config_without({"dtype"}))
+        output_dir = f"runs/hh_rlhf_qwen/{run_name}-{method.name}-async"
+    else:
+        from .methods import get_rlhf_method
+
+        method = get_rlhf_method(early.method)
+        parser = make_recipe_parser(method.config_class)
+        output_dir = f"runs/hh_rlhf_qwen/{run_name}-{method.name}"
+    parser.set_defaults(**method.config, method=method.name, output_dir=output_dir)
+    return method, parser
+
+
+def preset_generation(unused_settings: dict[str, str]) -> PresetGeneration:
+    """`PresetGeneration` from the settings the parser left over (``unused_preset_settings``: name -> the
+    command-line string), typed by its fields; the others are ignored."""
+    args = [s for name, value in unused_settings.items() for s in (f"--{name}", value)]
+    parser = HfArgumentParser(PresetGeneration, allow_abbrev=False, exit_on_error=False)
+    with _argparse_errors():  # a bad value
+        settings, _ = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
+    return settings
+
+
+@contextmanager
+def _argparse_errors() -> Iterator[None]:
+    """argparse's error (``exit_on_error=False``) as a ValueError naming the option, not argparse's exit with
+    an internal parser's usage line."""
+    try:
+        yield
+    except argparse.ArgumentError as err:
+        raise ValueError(f"{err.argument_name}: {err.message}") from err
+
+
+def _unused(rest: list[str]) -> dict[str, str]:
+    """The ``--name value`` pairs the parser left over, as {name: value}."""
+    return dict(zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True))
+
+
+def _check_recipe_fields(script_args, training_args, model_args) -> None:
+    """The recipe's own fields, which argparse types but does not range-check."""
     if model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path is required")
     for name in ("heldout_samples", "validation_samples", "validation_every"):
@@ -108,62 +243,17 @@ def _parse_and_check(argv: list[str], check_hub: bool, config_dir: Path) -> tupl
     if training_args.push_to_hub:
         refuse_offline_push(training_args)
     unknown_tiny_asset(script_args, model_args)
-    return script_args, training_args, model_args
 
 
-def _unused(rest: list[str]) -> dict[str, str]:
-    """The ``--name value`` pairs the parser left over, as {name: value}."""
-    return dict(zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True))
-
-
-def _parse_sync(argv: list[str], first, run_name: str) -> tuple:
-    """The second pass for the GRPOTrainer family (and DPO, and ``sft``)."""
-    method = get_rlhf_method(first.method)
-    parser = make_recipe_parser(method.config_class)
-    parser.set_defaults(
-        **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{run_name}-{method.name}"
-    )
-    if method.online:
-        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-        script_args.unused_preset_settings = {}
-    else:  # an offline method (DPO) does not read the preset's generation settings; they are listed, not lost
-        script_args, training_args, model_args, rest = parser.parse_args_and_config(
-            args=argv, return_remaining_strings=True, fail_with_unknown_args=False
-        )
-        script_args.unused_preset_settings = _unused(rest)
-        # the ones it does read, typed (and so checked) now
-        script_args.preset_generation = preset_generation(script_args.unused_preset_settings)
-    return script_args, training_args, model_args
-
-
-def _parse_async(argv: list[str], first, run_name: str) -> tuple:
-    """The second pass for --trainer async: the method's asynchronous trainer config. Preset settings it has
-    no field for (num_iterations: no batch reuse; disable_dropout) are listed in ``unused_preset_settings``;
-    an unknown command-line option is an error."""
-    # imported here: TRL's asynchronous trainer (trl.experimental) is loaded for --trainer async only
-    from .async_methods import get_async_method
-
-    method = get_async_method(first.method)
-    if first.async_rollout == "auto":
-        first.async_rollout = "vllm" if torch.cuda.is_available() else "in_process"
-    if first.rollout_lag is not None and first.async_rollout == "vllm":
-        raise ValueError("rollout_lag needs async_rollout='in_process' (a vLLM server generates freely)")
-    parser = make_recipe_parser(method.config_class, model_config_without({"dtype"}))
-    parser.set_defaults(
-        **method.config, method=method.name, output_dir=f"runs/hh_rlhf_qwen/{run_name}-{method.name}-async"
-    )
-    script_args, training_args, model_args, rest = parser.parse_args_and_config(
-        args=argv, return_remaining_strings=True, fail_with_unknown_args=False
-    )
-    unknown = [k for k in rest[::2] if k in argv]
-    if unknown:
-        raise ValueError(
-            f"{', '.join(unknown)}: not a field of the recipe or of {method.config_class.__name__}"
-        )
-    script_args.unused_preset_settings = _unused(rest)
-    script_args.async_rollout = first.async_rollout  # resolved above
-    model_args.dtype = training_args.dtype  # one --dtype, declared by the trainer config
+def _check_async(script_args, training_args, model_args) -> None:
+    """--trainer async: the rollout worker resolved (``auto``: in_process without a GPU, vllm with one), one
+    ``dtype`` (the trainer config's), and the combinations TRL's asynchronous trainer cannot run refused."""
+    if script_args.async_rollout == "auto":
+        script_args.async_rollout = "vllm" if torch.cuda.is_available() else "in_process"
     lag = script_args.rollout_lag
+    if lag is not None and script_args.async_rollout == "vllm":
+        raise ValueError("rollout_lag needs async_rollout='in_process' (a vLLM server generates freely)")
+    model_args.dtype = training_args.dtype  # one --dtype, declared by the trainer config
     if lag is not None and not 1 <= lag <= training_args.max_staleness:
         raise ValueError(
             f"rollout_lag must be in [1, max_staleness = {training_args.max_staleness}], got {lag}: older "
@@ -180,4 +270,3 @@ def _parse_async(argv: list[str], first, run_name: str) -> tuple:
         raise ValueError(
             "validation_prompts must be 0 with --trainer async (the window evaluation is sync-only)"
         )
-    return script_args, training_args, model_args

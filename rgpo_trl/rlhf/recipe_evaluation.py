@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -34,185 +36,133 @@ def summary_window(script_args, n_iters: int) -> tuple[int, int]:
     return start, script_args.window_end if script_args.window_end is not None else n_iters
 
 
-def evaluate_prompts(
-    model,
-    ref_model,
-    tokenizer,
-    script_args,
-    reward_model,
-    prompts,
-    sampling,
-    samples: int = 1,
-    per_completion: bool = False,
-):
-    """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on ``prompts``, ``samples`` completions
-    each; gold where the world has one."""
-    result = evaluate_policy(
-        model,
-        tokenizer,
-        repeat_prompts(prompts, samples),
-        reward_model,
-        ref_model=ref_model,
-        gold_fn=gold_function(script_args),
-        per_completion=per_completion,
-        **sampling,
-    )
-    result.update(prompts=len(prompts), samples_per_prompt=samples)
-    return result
+@dataclass
+class RunEvaluation:
+    """What every evaluation of one run shares: the recipe's arguments (prompt length, held-out and
+    validation settings, the world's gold score), the tokenizer, the reward model and how completions are
+    sampled (`sampling_settings`, or an offline method's preset generation settings)."""
 
+    script_args: Any
+    tokenizer: Any
+    reward_model: Any
+    sampling: dict[str, Any]
 
-def evaluate_on(
-    model,
-    ref_model,
-    tokenizer,
-    script_args,
-    reward_model,
-    name,
-    split,
-    sampling,
-    n: int,
-    samples: int = 1,
-    per_completion: bool = False,
-) -> dict:
-    """`evaluate_prompts` on the first ``n`` prompts of (name, split)."""
-    n = max(n, 1)
-    prompts, _ = load_hh_helpful_prompts(
-        name,
-        split,
-        tokenizer,
-        script_args.max_prompt_length,
-        data_dir=script_args.dataset_data_dir,
-        max_rows=4 * n,
-    )
-    prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
-    result = evaluate_prompts(
-        model, ref_model, tokenizer, script_args, reward_model, prompts, sampling, samples, per_completion
-    )
-    result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=sampling["seed"])
-    return result
-
-
-def validation_callback(
-    script_args,
-    training_args,
-    tokenizer,
-    prompts,
-    reward_model,
-    ref_model_fn,
-    sampling,
-    steps_per_iteration: int,
-    window: tuple[int, int],
-):
-    """The `WindowEvaluation` on the validation prompts: every ``validation_every`` iterations in the window
-    and at its end; None when ``validation_prompts`` is 0."""
-    if script_args.validation_prompts == 0:
-        return None
-    lo, hi = window
-    at = [*range(hi, lo, -script_args.validation_every)][::-1]
-
-    def evaluate(model, prompts, seed):
-        return evaluate_prompts(
-            model,
-            ref_model_fn(),
-            tokenizer,
-            script_args,
-            reward_model,
-            prompts,
-            {**sampling, "seed": seed},
-            script_args.validation_samples,
-        )
-
-    out = training_args.output_dir
-    return WindowEvaluation(
-        os.path.join(out, "validation.jsonl"),
-        os.path.join(out, "validation.json"),
-        prompts,
-        at,
-        steps_per_iteration,
-        evaluate,
-        seed=1000 * training_args.seed,
-    )
-
-
-def add_validation(
-    trainer,
-    script_args,
-    training_args,
-    tokenizer,
-    prompts,
-    reward_model,
-    sampling,
-    steps_per_iteration,
-    window,
-) -> None:
-    """Attach `validation_callback` to ``trainer`` (online and offline methods alike), against the trainer's
-    own reference model; nothing when ``validation_prompts`` is 0."""
-    callback = validation_callback(
-        script_args,
-        training_args,
-        tokenizer,
-        prompts,
-        reward_model,
-        lambda: trainer.ref_model,
-        sampling,
-        steps_per_iteration,
-        window,
-    )
-    if callback is not None:
-        trainer.add_callback(callback)
-
-
-def write_heldout(
-    model, ref_model, tokenizer, script_args, output_dir, reward_model, sampling, name: str = "heldout.json"
-) -> dict:
-    """The same held-out evaluation for every method, written to ``name`` (heldout.json); the returned result
-    also has every completion's scores (``per_completion``, not written), for the demo's paired comparison."""
-    result = evaluate_on(
+    def prompts(
+        self,
         model,
         ref_model,
-        tokenizer,
-        script_args,
-        reward_model,
-        script_args.heldout_dataset_name or script_args.dataset_name,
-        script_args.dataset_test_split,
-        sampling,
-        script_args.heldout_prompts,
-        script_args.heldout_samples,
-        per_completion=True,
-    )
-    written = {k: v for k, v in result.items() if k != "per_completion"}
-    with open(os.path.join(output_dir, name), "w") as f:
-        json.dump(written, f, indent=2)
-    logger.info("held-out: %s", json.dumps(written))
-    return result
+        prompts,
+        samples: int = 1,
+        per_completion: bool = False,
+        seed: int | None = None,
+    ) -> dict:
+        """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on ``prompts``, ``samples``
+        completions each (sampled with ``seed``, default the run's); gold where the world has one."""
+        sampling = self.sampling if seed is None else {**self.sampling, "seed": seed}
+        result = evaluate_policy(
+            model,
+            self.tokenizer,
+            repeat_prompts(prompts, samples),
+            self.reward_model,
+            ref_model=ref_model,
+            gold_fn=gold_function(self.script_args),
+            per_completion=per_completion,
+            **sampling,
+        )
+        result.update(prompts=len(prompts), samples_per_prompt=samples)
+        return result
 
+    def dataset(
+        self, model, ref_model, name, split, n: int, samples: int = 1, per_completion: bool = False
+    ) -> dict:
+        """`prompts` on the first ``n`` prompts of (name, split)."""
+        n = max(n, 1)
+        prompts, _ = load_hh_helpful_prompts(
+            name,
+            split,
+            self.tokenizer,
+            self.script_args.max_prompt_length,
+            data_dir=self.script_args.dataset_data_dir,
+            max_rows=4 * n,
+        )
+        prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
+        result = self.prompts(model, ref_model, prompts, samples, per_completion)
+        result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=self.sampling["seed"])
+        return result
 
-def print_comparison(
-    trained, model_args, tokenizer, script_args, training_args, reward_model, sampling
-) -> None:
-    """The demo's ending: the initial policy through the same held-out evaluation (its own reference: KL_ref
-    0), the table of both, what happened, and where the results are (heldout_initial.json next to
-    heldout.json)."""
-    device = next(reward_model.model.parameters()).device
-    initial_model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(device).eval()
-    out = training_args.output_dir
-    initial = write_heldout(
-        initial_model,
-        initial_model,
-        tokenizer,
-        script_args,
-        out,
-        reward_model,
-        sampling,
-        name="heldout_initial.json",
-    )
-    where = [
-        f"metrics: {os.path.join(out, 'metrics.jsonl')}",
-        f"held-out: {os.path.join(out, 'heldout.json')}",
-    ]
-    if script_args.save_final_model:
-        where = [f"model: {out}", f"model card: {os.path.join(out, 'README.md')}", *where]
-    print("\n" + comparison_table(initial, trained, script_args.method) + "\n" + "\n".join(where), flush=True)
+    def validation_callback(
+        self, training_args, prompts, ref_model_fn, steps_per_iteration: int, window: tuple[int, int]
+    ) -> WindowEvaluation | None:
+        """The `WindowEvaluation` on the validation prompts (against ``ref_model_fn()``): every
+        ``validation_every`` iterations in the window and at its end; None when ``validation_prompts`` is
+        0."""
+        script_args = self.script_args
+        if script_args.validation_prompts == 0:
+            return None
+        lo, hi = window
+        at = [*range(hi, lo, -script_args.validation_every)][::-1]
+
+        def evaluate(model, prompts, seed):
+            return self.prompts(model, ref_model_fn(), prompts, script_args.validation_samples, seed=seed)
+
+        out = training_args.output_dir
+        return WindowEvaluation(
+            os.path.join(out, "validation.jsonl"),
+            os.path.join(out, "validation.json"),
+            prompts,
+            at,
+            steps_per_iteration,
+            evaluate,
+            seed=1000 * training_args.seed,
+        )
+
+    def add_validation(
+        self, trainer, training_args, prompts, steps_per_iteration: int, window: tuple[int, int]
+    ) -> None:
+        """Attach `validation_callback` to ``trainer`` (online and offline methods alike), against the
+        trainer's own reference model; nothing when ``validation_prompts`` is 0."""
+        callback = self.validation_callback(
+            training_args, prompts, lambda: trainer.ref_model, steps_per_iteration, window
+        )
+        if callback is not None:
+            trainer.add_callback(callback)
+
+    def heldout(self, model, ref_model, output_dir, name: str = "heldout.json") -> dict:
+        """The same held-out evaluation for every method, written to ``name`` (heldout.json); the returned
+        result also has every completion's scores (``per_completion``, not written), for the demo's paired
+        comparison."""
+        script_args = self.script_args
+        result = self.dataset(
+            model,
+            ref_model,
+            script_args.heldout_dataset_name or script_args.dataset_name,
+            script_args.dataset_test_split,
+            script_args.heldout_prompts,
+            script_args.heldout_samples,
+            per_completion=True,
+        )
+        written = {k: v for k, v in result.items() if k != "per_completion"}
+        with open(os.path.join(output_dir, name), "w") as f:
+            json.dump(written, f, indent=2)
+        logger.info("held-out: %s", json.dumps(written))
+        return result
+
+    def print_comparison(self, trained, model_args, training_args) -> None:
+        """The demo's ending: the initial policy through the same held-out evaluation (its own reference:
+        KL_ref 0), the table of both, what happened, and where the results are (heldout_initial.json next
+        to heldout.json)."""
+        device = next(self.reward_model.model.parameters()).device
+        initial_model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(device).eval()
+        out = training_args.output_dir
+        initial = self.heldout(initial_model, initial_model, out, name="heldout_initial.json")
+        where = [
+            f"metrics: {os.path.join(out, 'metrics.jsonl')}",
+            f"held-out: {os.path.join(out, 'heldout.json')}",
+        ]
+        if self.script_args.save_final_model:
+            where = [f"model: {out}", f"model card: {os.path.join(out, 'README.md')}", *where]
+        table = comparison_table(initial, trained, self.script_args.method)
+        print("\n" + table + "\n" + "\n".join(where), flush=True)
 
 
 def plain_policy(path: str, device, trained=None):
@@ -228,11 +178,12 @@ def plain_policy(path: str, device, trained=None):
 
 
 def heldout_after_training(
-    trainer, script_args, training_args, model_args, tokenizer, reward_model, sampling, num_processes: int
+    evaluation: RunEvaluation, trainer, training_args, model_args, num_processes: int
 ) -> None:
     """An online method's end: the trained policy on the held-out prompts (heldout.json; plain copies of the
     policy and reference after the asynchronous trainer) and, with ``heldout_compare_initial``, the demo's
     comparison with the initial policy. Single-process runs only; nothing with ``heldout_prompts`` 0."""
+    script_args = evaluation.script_args
     if script_args.heldout_prompts <= 0:
         return
     if num_processes > 1:
@@ -243,8 +194,6 @@ def heldout_after_training(
         device = trainer.accelerator.device
         policy = plain_policy(model_args.model_name_or_path, device, policy)
         reference = plain_policy(model_args.model_name_or_path, device)
-    trained = write_heldout(
-        policy, reference, tokenizer, script_args, training_args.output_dir, reward_model, sampling
-    )
+    trained = evaluation.heldout(policy, reference, training_args.output_dir)
     if script_args.heldout_compare_initial:
-        print_comparison(trained, model_args, tokenizer, script_args, training_args, reward_model, sampling)
+        evaluation.print_comparison(trained, model_args, training_args)

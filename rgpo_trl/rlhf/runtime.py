@@ -10,7 +10,6 @@ import warnings
 
 import torch
 import transformers
-from trl.models.utils import prepare_deepspeed
 
 logger = logging.getLogger("rgpo_trl.recipe")
 
@@ -65,8 +64,11 @@ def model_init_kwargs(model_args, training_args, trainer: str = "sync") -> dict:
 
 def place_reward_model(reward_model, trainer) -> None:
     """Put the reward model where the trainer computes: on its device or, under ZeRO-3, where it was loaded
-    partitioned (zero.Init), in a DeepSpeed inference engine, as GRPOTrainer does for its own reward models."""
+    partitioned (zero.Init), in a DeepSpeed inference engine, as GRPOTrainer does for its own reward
+    models."""
     if trainer.is_deepspeed_enabled:
+        from trl.models.utils import prepare_deepspeed  # imported here: a DeepSpeed run only, and heavy
+
         reward_model.model = prepare_deepspeed(reward_model.model, trainer.accelerator)
     else:
         reward_model.to(trainer.accelerator.device)
