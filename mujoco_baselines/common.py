@@ -1,7 +1,19 @@
-"""What the four MuJoCo scripts share and is not the algorithm, in the role of CleanRL's ``cleanrl_utils``:
-the environment with its normalisation, the agent network, checkpoints, run information, TensorBoard keys and
-the deterministic evaluation. The scripts import it like any library; each keeps its algorithm (Args, rollout,
-advantages, update, metrics) readable top to bottom.
+"""Everything the four MuJoCo scripts share, in the role of CleanRL's ``cleanrl_utils``; each script
+(``{ppo,rgpo,trpo,awr}_continuous_action.py``) keeps its own flags, its loss and its update loop, and reads
+top to bottom: Args, setup, the loop with rollout and advantages, the method's update, logging.
+
+What is here, in the order a script uses it:
+- the flags every script has (`BaseArgs`; `StaleSampleArgs` adds PPO's and RGPO's --policy-lag family), their
+  checks (`resolve_args`) and the errors that end a run with one line (`SCRIPT_ERRORS`);
+- the environment with its normalisation (`MujocoEnv`) and the agent network (`Agent`);
+- an iteration's start (`collect_batch`: the learning rate, the rollout by `Rollout`, GAE) as a `Batch`, and
+  under stale samples the ratio's anchor (`PolicyLag.anchor` -> `RatioAnchor`);
+- the pieces of every update: mini-batches (`epoch_indices`, `Batch.minibatches`), advantage normalisation,
+  the clipped value loss, Adam and its mini-batch step, eager or --compile's compiled function
+  (`UpdateStep`), the KL of the final policy (`final_kl`);
+- the run around it all (`TrainingRun`): run directory, config.json, seeding, the row of metrics.csv from
+  the update's `UpdateSummary` (statistics by name, `MinibatchStats`), TensorBoard, checkpoints and resume,
+  and the deterministic evaluation.
 
 The deterministic evaluation: the training return (mean of the last 100 stochastic training episodes) mixes
 exploration noise and a policy that changes during those episodes; `evaluate` runs the mean action on an
@@ -26,7 +38,8 @@ import sys
 import time
 import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -35,9 +48,172 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import tyro
 
+import rgpo_trl
+from mujoco_baselines import SPIKE_KL
 from rgpo_trl.cli import UsageError
-from rgpo_trl.core.kl_control import PAPER_KL_DEFAULTS
+
+
+# --------------------------------------------------------------------------------------------- #
+# The flags every script has, each default and help text written once; a script's Args adds its own
+# fields and re-declares only its exp_name (the file's name) and a help text that differs.
+# --------------------------------------------------------------------------------------------- #
+@dataclass
+class BaseArgs:
+    exp_name: str = ""
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and the run is bit-reproducible on CPU"""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for these small MLPs; CleanRL benchmarks use OMP_NUM_THREADS=1)"""
+    output_dir: str = "runs"
+    """results go to {output_dir}/{run_name}/ (config.json, metrics.csv, final.json, TensorBoard events)"""
+    run_name: str | None = None
+    """default: {env_id}__{exp_name}__{seed}__{unix time}"""
+    tensorboard: bool = True
+    """write TensorBoard event files (metrics.csv is always written)"""
+    verbose: bool = True
+    """print one line per iteration"""
+    checkpoint_every: int = 10
+    """save a resumable checkpoint every this many iterations (0: never)"""
+    checkpoint_dir: str | None = None
+    """where checkpoint.pt goes (default: the run directory); mujoco_grid.py keeps checkpoints out of
+    results/"""
+    resume: bool = False
+    """continue from the checkpoint if it exists (needs --run-name; refused if the configuration differs)"""
+    keep_checkpoint: bool = False
+    """keep checkpoint.pt after the run finished (default: deleted, the results stay)"""
+    eval_episodes: int = 10
+    """deterministic evaluation at the end of the run: this many episodes of the mean action on a separate
+    environment with frozen observation normalisation (final.json: eval_return_mean / _std / episodes);
+    0 skips"""
+    eval_every: int = 0
+    """also evaluate every N iterations (eval.csv); 0: at the end only"""
+
+    # Environment
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (the paper uses the v4 MuJoCo tasks; v5 ids work too)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiment"""
+    norm_obs: bool = True
+    """running mean/std observation normalisation (gymnasium NormalizeObservation semantics)"""
+    obs_clip: float = 10.0
+    """clip normalised observations to [-obs_clip, obs_clip]"""
+    norm_reward: bool = True
+    """reward scaling by the running std of the discounted return (gymnasium NormalizeReward semantics)"""
+    reward_clip: float = 10.0
+    """clip scaled rewards to [-reward_clip, reward_clip]"""
+
+    # Networks and optimiser (identical in ppo / rgpo / trpo / awr)
+    hidden_size: int = 256
+    """width of the 2-layer tanh MLPs (policy mean and value); the paper uses 256, CleanRL 64"""
+    ortho_init: bool = True
+    """orthogonal init (gain sqrt(2); 0.01 for the policy head, 1 for the value head), zero biases"""
+    init_logstd: float = 0.0
+    """initial value of the state-independent log-std parameter"""
+    learning_rate: float = 3e-4
+    """Adam learning rate"""
+    adam_eps: float = 1e-5
+    """Adam epsilon"""
+    anneal_lr: bool = True
+    """linearly anneal the learning rate to 0"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip (<= 0 disables)"""
+    compile: bool = False
+    """the fast path: each mini-batch update as one torch.compile'd function (compiled_update.py; needs a C++
+    compiler) and the rollout's policy mean in numpy: the same algorithm, float rounding differs; see
+    results/benchmarks/mujoco_compile.md for speed and equivalence"""
+
+    # Rollout / advantage estimation
+    num_steps: int = 2048
+    """environment steps per rollout (one environment)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    minibatch_size: int = 64
+    """mini-batch size"""
+    update_epochs: int = 10
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """per-mini-batch advantage normalisation"""
+    clip_vloss: bool = True
+    """clipped value loss"""
+    vclip_coef: float = 0.2
+    """value clipping range"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    spike_kl: float = SPIKE_KL
+    """an iteration whose KL to pi_old exceeds this is a 'KL spike' (default: twice RGPO's KL target)"""
+
+    # derived from the above at start (not command-line options)
+    batch_size: tyro.conf.Suppress[int] = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
+
+
+@dataclass
+class StaleSampleArgs(BaseArgs):
+    """The flags of PPO and RGPO for stale samples (their scripts re-declare ``decoupled`` with the help text
+    of their own objective)."""
+
+    policy_lag: int = 0
+    """collect iteration t's rollout with the actor of iteration t - L, as asynchronous actors that run L
+    updates behind the learner (the critic stays current); 0: on-policy"""
+    decoupled: bool = False
+    """the decoupled objective for stale samples (Hilton et al., 2021): the ratio to the proximal policy
+    pi_prox (the learner as the update starts), each sample weighted by min(pi_prox / pi_behaviour,
+    max_is_weight)"""
+    max_is_weight: float = 1.0
+    """truncation of the decoupled objective's importance weight (V-trace's rho-bar); > 0"""
+
+
+def resolve_args(args: BaseArgs) -> None:
+    """The derived fields (batch_size, num_iterations) and every check that needs no environment step, before
+    anything is created: a bad input exits with one line and leaves no run directory. Says up front when
+    total_timesteps is not a whole number of iterations."""
+    args.batch_size = args.num_steps
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations < 1:
+        raise UsageError(
+            f"total_timesteps must be >= num_steps ({args.num_steps}), got {args.total_timesteps}"
+        )
+    if args.batch_size % args.minibatch_size:
+        raise UsageError(
+            f"num_steps ({args.num_steps}) must be a multiple of minibatch_size ({args.minibatch_size})"
+        )
+    if isinstance(args, StaleSampleArgs):
+        check_stale_sample_args(args)
+    check_env(args.env_id)
+    steps = args.num_iterations * args.batch_size
+    if steps != args.total_timesteps:
+        print(
+            f"total_timesteps {args.total_timesteps} is not a multiple of num_steps {args.num_steps}: "
+            f"running {args.num_iterations} iterations = {steps} steps",
+            flush=True,
+        )
+
+
+def check_stale_sample_args(args: StaleSampleArgs) -> None:
+    """--policy-lag / --max-is-weight out of range: refused at start, naming the field."""
+    if args.policy_lag < 0:
+        raise UsageError(f"policy_lag must be an integer >= 0 (0: on-policy), got {args.policy_lag}")
+    if not args.max_is_weight > 0:
+        raise UsageError(f"max_is_weight must be > 0, got {args.max_is_weight}")
+
+
+def seed_everything(args: BaseArgs) -> None:
+    """CleanRL's seeding block (Python, NumPy, torch) and the torch thread count."""
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+
 
 # --------------------------------------------------------------------------------------------- #
 # Environment: one gymnasium env, no vector wrapper. Resets are explicit (no autoreset, so no fake
@@ -432,55 +608,19 @@ def write_eval_csv(run_dir: str, rows: list[dict]) -> None:
 
 
 # --------------------------------------------------------------------------------------------- #
-# The run around the algorithm: setup, rollout, advantages, the update step (eager or --compile, chosen once),
-# per-iteration metrics, logging, checkpoints, the end of the run.
+# An iteration's start, the same in every script: the learning rate, the rollout, GAE.
 # --------------------------------------------------------------------------------------------- #
-def resolve_args(args) -> None:
-    """The derived fields (batch_size, num_iterations) and every check that needs no environment step, before
-    anything is created: a bad input exits with one line and leaves no run directory. Says up front when
-    total_timesteps is not a whole number of iterations."""
-    args.batch_size = args.num_steps
-    args.num_iterations = args.total_timesteps // args.batch_size
-    if args.num_iterations < 1:
-        raise UsageError(
-            f"total_timesteps must be >= num_steps ({args.num_steps}), got {args.total_timesteps}"
-        )
-    if args.batch_size % args.minibatch_size:
-        raise UsageError(
-            f"num_steps ({args.num_steps}) must be a multiple of minibatch_size ({args.minibatch_size})"
-        )
-    if hasattr(args, "policy_lag"):
-        check_stale_sample_args(args)
-    check_env(args.env_id)
-    steps = args.num_iterations * args.batch_size
-    if steps != args.total_timesteps:
-        print(
-            f"total_timesteps {args.total_timesteps} is not a multiple of num_steps {args.num_steps}: "
-            f"running {args.num_iterations} iterations = {steps} steps",
-            flush=True,
-        )
+SCRIPT_ERRORS = (UsageError, CheckpointError, NonFiniteLossError)
+"""What ends a script with one line instead of a traceback (``--debug``: the traceback): a bad input, an
+unusable checkpoint, a non-finite loss (the scripts' ``rgpo_trl.cli.run_main(..., errors=SCRIPT_ERRORS)``)."""
 
 
-def cli(main, args_class, description: str) -> None:
-    """A script's entry point: tyro parses ``args_class`` (``--help`` starts with ``description``), ``main``
-    runs; a bad input, an unusable checkpoint or a non-finite loss exits with one line (``--debug``: the
-    traceback)."""
-    import tyro
+class Collected(NamedTuple):
+    """What `Rollout.collect` computes besides the storage it fills (inference-mode tensors)."""
 
-    from rgpo_trl.cli import run_main
-
-    errors = (UsageError, CheckpointError, NonFiniteLossError)
-    # parsed inside run_main, once it has taken --debug out of sys.argv
-    sys.exit(run_main(lambda: main(tyro.cli(args_class, description=description)), errors=errors))
-
-
-def seed_everything(args) -> None:
-    """CleanRL's seeding block (Python, NumPy, torch) and the torch thread count."""
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.torch_threads)
+    values: torch.Tensor  # the current critic's values of the rollout's observations
+    next_value: float  # its value of the observation after the last step
+    logprobs: torch.Tensor  # log-probs of the actions under the actor that took them: the behaviour policy
 
 
 class Rollout:
@@ -514,10 +654,9 @@ class Rollout:
     def _numpy_action(self, step, scaled_noise, noise_np):
         return self._numpy_mean(self.obs_np[step]) + noise_np[step]
 
-    def collect(self, writer=None):
-        """Fill the storage with the next ``num_steps`` steps; returns (values and value of the next
-        observation under the current critic, log-probs of the actions under the acting actor: the behaviour
-        policy)."""
+    def collect(self, writer=None) -> Collected:
+        """Fill the storage with the next ``num_steps`` steps (each finished episode's return and length to
+        TensorBoard's ``writer``, if any)."""
         agent, actor, T = self.agent, self.actor, len(self.rewards)
         self.first_new_episode = len(self.episode_returns)
         noise = torch.randn((T, self.env.act_dim))
@@ -540,7 +679,7 @@ class Rollout:
             b_values = agent.critic(self.obs).squeeze(-1)
             next_value = float(agent.critic(torch.as_tensor(self.next_obs, dtype=torch.float32)))
             b_logprobs = actor.log_prob(actor.actor_mean(self.obs), self.actions)
-        return b_values, next_value, b_logprobs
+        return Collected(b_values, next_value, b_logprobs)
 
     def state(self) -> tuple[dict, torch.Tensor]:
         """What a checkpoint keeps of the rollout: its step counter, finished episodes and the episode in
@@ -559,10 +698,10 @@ class Rollout:
         self.episode_returns, self.episode_lengths = progress["episode_returns"], progress["episode_lengths"]
         self.next_obs, self.next_done = next_obs.numpy().copy(), progress["next_done"]
 
-    def advantages(self, b_values, next_value, gamma: float, gae_lambda: float):
-        """GAE in float64 numpy: (advantages, values) as float64 arrays."""
-        T = len(self.rewards)
-        values_np = b_values.numpy().astype(np.float64)
+    def advantages(self, collected: Collected, gamma: float, gae_lambda: float):
+        """GAE in float64 numpy over the last `collect`: (advantages, values) as float64 arrays."""
+        T, next_value = len(self.rewards), collected.next_value
+        values_np = collected.values.numpy().astype(np.float64)
         adv_np = np.zeros(T, np.float64)
         lastgaelam = 0.0
         for t in reversed(range(T)):
@@ -575,12 +714,75 @@ class Rollout:
         return adv_np, values_np
 
 
-def check_stale_sample_args(args) -> None:
-    """--policy-lag / --max-is-weight out of range: refused at start, naming the field."""
-    if args.policy_lag < 0:
-        raise UsageError(f"policy_lag must be an integer >= 0 (0: on-policy), got {args.policy_lag}")
-    if not args.max_is_weight > 0:
-        raise UsageError(f"max_is_weight must be > 0, got {args.max_is_weight}")
+@dataclass
+class Batch:
+    """An iteration's rollout with its advantages, as the update reads it: float32 tensors over the rollout's
+    steps (leaving inference mode), GAE's float64 arrays (the explained variance) and the rollout's timing."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    """log-probs of the actions under the behaviour policy (the actor that collected them)"""
+    values: torch.Tensor
+    """the critic's values as the rollout ended"""
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    """advantages + values"""
+    advantages_np: np.ndarray
+    values_np: np.ndarray
+    started: float
+    """time.perf_counter() as the iteration started"""
+    rollout_time: float
+    """seconds"""
+
+    def minibatches(self, idxs, oldlogprobs: torch.Tensor, *more, shared: tuple = ()) -> list[tuple]:
+        """The inputs of an actor-critic mini-batch loss for each index set of ``idxs``, in the order of the
+        scripts' ``minibatch_loss``: obs, actions, advantages, ``oldlogprobs`` (the ratio's anchor), returns,
+        values, ``more`` (e.g. the decoupled objective's weight), then the ``shared`` inputs."""
+        tensors = (self.obs, self.actions, self.advantages, oldlogprobs, self.returns, self.values, *more)
+        return minibatches(idxs, *tensors, shared=shared)
+
+
+def collect_batch(iteration: int, rollout: Rollout, optimizer, args, writer=None, lag=None) -> Batch:
+    """An iteration's start: the learning rate (with --anneal-lr linearly to 0 over the run, as CleanRL), the
+    rollout (with a `PolicyLag` ``lag``, by the actor of iteration - policy_lag), GAE (float64) and the
+    batch."""
+    started = time.perf_counter()
+    lr_frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
+    optimizer.param_groups[0]["lr"] = lr_frac * args.learning_rate
+    if lag is not None:
+        lag.advance()
+    collected = rollout.collect(writer)
+    rollout_time = time.perf_counter() - started
+    adv_np, values_np = rollout.advantages(collected, args.gamma, args.gae_lambda)
+    return Batch(
+        obs=rollout.obs,
+        actions=rollout.actions,
+        logprobs=collected.logprobs.clone(),  # clones leave inference mode
+        values=collected.values.clone(),
+        advantages=torch.as_tensor(adv_np, dtype=torch.float32),
+        returns=torch.as_tensor(adv_np + values_np, dtype=torch.float32),
+        advantages_np=adv_np,
+        values_np=values_np,
+        started=started,
+        rollout_time=rollout_time,
+    )
+
+
+# --------------------------------------------------------------------------------------------- #
+# Stale samples (--policy-lag, --decoupled): the lagged actor and the ratio's anchor.
+# --------------------------------------------------------------------------------------------- #
+@dataclass
+class RatioAnchor:
+    """What an update's ratios are taken against: the behaviour policy's log-probs, or under the decoupled
+    objective the proximal policy's (the learner as the update starts) with each sample's truncated weight
+    min(pi_prox / pi_behaviour, max_is_weight)."""
+
+    logprobs: torch.Tensor
+    weight: torch.Tensor | None = None
+    """the decoupled objective's weight; None: unweighted"""
+    stats: dict[str, float] = field(default_factory=dict)
+    """how stale the rollout is (`behaviour_ratio_stats`), for the row of metrics.csv; empty on-policy"""
 
 
 class PolicyLag:
@@ -611,6 +813,18 @@ class PolicyLag:
     def proximal_log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """log pi_prox of the rollout: the learner as the update starts (the decoupled objectives' anchor)."""
         return self.agent.log_prob(self.agent.actor_mean(obs), actions)
+
+    def anchor(self, batch: Batch, decoupled: bool, max_is_weight: float) -> RatioAnchor:
+        """The ratio's anchor for ``batch``: its behaviour log-probs, or with ``decoupled`` the proximal
+        policy's with the truncated weight; under stale samples (a lag, or ``decoupled``) with the
+        staleness statistics."""
+        if self.lag == 0 and not decoupled:
+            return RatioAnchor(batch.logprobs)
+        prox = self.proximal_log_prob(batch.obs, batch.actions)
+        stats = behaviour_ratio_stats(prox, batch.logprobs)
+        if not decoupled:
+            return RatioAnchor(batch.logprobs, None, stats)
+        return RatioAnchor(prox, truncated_weight(prox, batch.logprobs, max_is_weight), stats)
 
     def state_dict(self) -> dict:
         return {"lag": self.lag, "ring": [list(entry) for entry in self.ring]}
@@ -643,42 +857,74 @@ def behaviour_ratio_stats(prox_logprob: torch.Tensor, behaviour_logprob: torch.T
     }
 
 
+# --------------------------------------------------------------------------------------------- #
+# The pieces of every update: mini-batches, the loss terms every method shares, the optimiser step (eager or
+# --compile, chosen once), the final policy's KL.
+# --------------------------------------------------------------------------------------------- #
+def epoch_indices(args) -> Iterator[tuple[torch.Tensor, ...]]:
+    """``update_epochs`` shuffles of the rollout's steps, each split into mini-batch index sets: one
+    ``torch.randperm`` per epoch, drawn as the epoch starts (an early stop draws no more)."""
+    for _ in range(args.update_epochs):
+        yield torch.randperm(args.num_steps).split(args.minibatch_size)
+
+
 def minibatches(idxs, *tensors, shared: tuple = ()) -> list[tuple]:
     """One tuple per mini-batch index set: each tensor indexed, a None (an input the variant does not use)
     kept, then the ``shared`` inputs of every mini-batch (e.g. RGPO's beta)."""
     return [(*(None if t is None else t[idx] for t in tensors), *shared) for idx in idxs]
 
 
-class UpdateStep:
-    """The mini-batch optimiser step, eager or --compile (`CompiledAdamStep`: the same step as one compiled
-    function, 4 mini-batches per call), chosen once at setup behind one call:
-    ``steps(batches, iteration, epoch)`` yields each mini-batch's (loss, aux) after its step. ``loss_fn(agent,
-    *batch)`` returns (loss, aux), aux (new log-probs, policy loss, value loss, ...); a value-only step's aux
-    is its value loss, and ``begin_iteration`` gets the iteration's policy loss. A non-finite loss stops the
-    run before its step, with both losses in the message. It accumulates the statistics of the gradient
-    variance (the gradients of ``tracked`` parameters, before clipping): ``g_sum``, ``g_sqsum``."""
+def normalize_advantages(advantages: torch.Tensor, args) -> torch.Tensor:
+    """With --norm-adv, (A - mean) / (std + 1e-8) over the given (mini-)batch, as CleanRL; else A."""
+    if not args.norm_adv:
+        return advantages
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
-    def __init__(
-        self,
-        agent,
-        optimizer,
-        loss_fn,
-        params,
-        max_grad_norm: float,
-        tracked=None,
-        fast: bool = False,
-    ):
-        self.agent, self.optimizer, self.loss_fn = agent, optimizer, loss_fn
+
+def value_loss(newvalue, mb_values, mb_returns, args) -> torch.Tensor:
+    """CleanRL's value loss: 0.5 * mean squared error to the returns, with --clip-vloss the maximum of it and
+    the error of the value clipped to within vclip_coef of the rollout's."""
+    if args.clip_vloss:
+        v_clipped = mb_values + (newvalue - mb_values).clamp(-args.vclip_coef, args.vclip_coef)
+        return 0.5 * torch.max((newvalue - mb_returns) ** 2, (v_clipped - mb_returns) ** 2).mean()
+    return 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+
+def mean_kl_to_old(logratio: torch.Tensor) -> float:
+    """mean(r - 1 - log r) over ``logratio`` = log(pi / pi_old), the log-ratios clamped as the loss clamps
+    them (rgpo_trl.kl_old_estimate)."""
+    return float(rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean())
+
+
+@torch.no_grad()
+def final_kl(agent, batch: Batch, anchor_logprobs: torch.Tensor) -> float:
+    """The KL of the iteration's final policy to pi_old (``anchor_logprobs``) over the whole batch."""
+    return mean_kl_to_old(agent.log_prob(agent.actor_mean(batch.obs), batch.actions) - anchor_logprobs)
+
+
+class UpdateStep:
+    """The Adam optimiser over ``params`` (``args.learning_rate``, ``args.adam_eps``) and its mini-batch step,
+    eager or with ``args.compile`` `CompiledAdamStep` (the same step as one compiled function, 4 mini-batches
+    per call), chosen once at setup behind one call: ``steps(batches, iteration, epoch)`` yields each
+    mini-batch's (loss, aux) after its step. ``loss_fn(agent, *batch)`` returns (loss, aux), aux (new
+    log-probs, policy loss, value loss, ...); a value-only step's aux is its value loss, and
+    ``begin_iteration`` gets the iteration's policy loss. A non-finite loss stops the run before its step,
+    with both losses in the message. It accumulates the statistics of the gradient variance (the gradients of
+    ``tracked`` parameters, before clipping): ``g_sum``, ``g_sqsum``."""
+
+    def __init__(self, agent, params, loss_fn, args, tracked=None):
+        self.agent, self.loss_fn = agent, loss_fn
+        self.params, self.max_grad_norm, self.tracked = list(params), args.max_grad_norm, tracked
+        self.optimizer = torch.optim.Adam(self.params, lr=args.learning_rate, eps=args.adam_eps)
         self.policy_loss = None  # the iteration's policy loss, for a value-only step (begin_iteration)
-        self.params, self.max_grad_norm, self.tracked = list(params), max_grad_norm, tracked
         self.n_tracked = sum(p.numel() for p in tracked) if tracked else 0
         self.compiled = None
-        if fast:
+        if args.compile:
             from mujoco_baselines.compiled_update import CompiledAdamStep, check_compiler
 
             check_compiler()
             self.compiled = CompiledAdamStep(
-                agent, optimizer, loss_fn, self.params, max_grad_norm, tracked or ()
+                agent, self.optimizer, loss_fn, self.params, self.max_grad_norm, tracked or ()
             )
         self.steps = self._compiled_steps if self.compiled is not None else self._eager_steps
         # a per-iteration scalar input of the loss (e.g. RGPO's beta): a float for the eager step, a tensor
@@ -699,6 +945,16 @@ class UpdateStep:
             check_finite(loss, aux[1], aux[2], iteration, epoch, minibatch)
         else:
             check_finite(loss, self.policy_loss, aux, iteration, epoch, minibatch)
+
+    def epoch(self, batches, iteration: int, epoch: int, losses: MinibatchStats) -> torch.Tensor:
+        """The steps of one epoch whose aux is (new log-probs, policy loss, value loss), as PPO's and RGPO's:
+        each step's losses go to ``losses``; returns the new log-probs each mini-batch's loss saw, stacked as
+        (mini-batches, samples), for the epoch's statistics."""
+        newlogprobs = []
+        for _loss, (newlogprob, pg_loss, v_loss) in self.steps(batches, iteration, epoch):
+            newlogprobs.append(newlogprob.detach())
+            losses.add(policy_loss=pg_loss.detach(), value_loss=v_loss.detach())
+        return torch.stack(newlogprobs)
 
     def _eager_steps(self, batches, iteration, epoch):
         for j, batch in enumerate(batches):
@@ -738,12 +994,6 @@ def gradient_variance(g_sum, g_sqsum: float, n_mb: int, n_params: int) -> float:
 # --------------------------------------------------------------------------------------------- #
 # An iteration's metrics: the statistics of its update by name, its timings, and the row of metrics.csv.
 # --------------------------------------------------------------------------------------------- #
-# The adaptive KL controller's defaults (the paper's beta_0, target and bounds of beta) are written once, in
-# rgpo_trl.core.PAPER_KL_DEFAULTS, which RGPO's flags read; a 'KL spike' is an iteration whose
-# KL to pi_old exceeds twice the target (every script's --spike-kl default).
-SPIKE_KL = 2 * PAPER_KL_DEFAULTS["kl_target"]
-
-
 class MinibatchStats:
     """Named statistics of an iteration's mini-batches, one value per mini-batch: ``add(kl=..., ess=...)``
     appends the values of one mini-batch (0-d tensors) or of several (1-d tensors, e.g. an epoch's), always
@@ -790,22 +1040,39 @@ class UpdateSummary:
     """KL of the iteration's final policy to pi_old over the whole batch"""
     grad_var: float
     """per-parameter variance of the policy gradient over the mini-batches (`gradient_variance`)"""
+    update_time: float
+    """seconds"""
 
 
-class IterationTimes(NamedTuple):
-    start: float  # time.perf_counter() as the iteration started
-    rollout: float  # seconds
-    update: float  # seconds
+TB_KEYS = {
+    "learning_rate": "charts/learning_rate",
+    "SPS": "charts/SPS",
+    "iter_time": "charts/iter_time",
+    "rollout_time": "charts/rollout_time",
+    "update_time": "charts/update_time",
+    "return_last100": "charts/return_last100",
+    "policy_loss": "losses/policy_loss",
+    "value_loss": "losses/value_loss",
+    "entropy": "losses/entropy",
+    "explained_variance": "losses/explained_variance",
+    "kl": "losses/approx_kl",
+}
+"""TensorBoard's names of the metrics every script logs (CleanRL's where it has one); any other metric is
+logged as stats/<name>."""
 
 
 class TrainingRun:
-    """A training run's directory and life: config.json (every flag, machine, versions, commit), TensorBoard,
-    metrics.csv, the optional periodic evaluation, checkpoints (saved atomically every ``checkpoint_every``
-    iterations, loaded with ``torch.load(weights_only=True)``; another configuration or an unreadable file is
-    refused before anything is loaded) and final.json (written whole, with the deterministic evaluation)."""
+    """A training run's directory and life: the input checks (`resolve_args`), config.json (every flag,
+    machine, versions, commit), TensorBoard, the seeding, metrics.csv, the optional periodic evaluation,
+    checkpoints (saved atomically every ``checkpoint_every`` iterations, loaded with
+    ``torch.load(weights_only=True)``; another configuration or an unreadable file is refused before anything
+    is loaded) and final.json (written whole, with the deterministic evaluation). ``tb_keys``: TensorBoard's
+    names of the method's own metrics, beside `TB_KEYS`. Used as a context manager around the training loop:
+    metrics.csv, TensorBoard and the environment are closed however the run ends."""
 
-    def __init__(self, args, tb_keys: dict):
-        self.args, self.tb_keys = args, tb_keys
+    def __init__(self, args, tb_keys: dict | None = None):
+        resolve_args(args)  # derived fields and input checks, before anything is created
+        self.args, self.tb_keys = args, {**TB_KEYS, **(tb_keys or {})}
         self.name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         self.dir = os.path.join(args.output_dir, self.name)
         os.makedirs(self.dir, exist_ok=True)
@@ -829,21 +1096,24 @@ class TrainingRun:
             )
         self.start_iteration, self.resumed_at, self.commits = 1, [], [self.info["git_commit"]]
         self.rows, self.eval_rows, self.csv_file, self.csv_writer = [], [], None, None
+        self.stateful, self.rollout = {}, None
+        seed_everything(args)
 
-    def restore(self, stateful: dict, rollout: Rollout) -> None:
-        """Continue from the checkpoint (if resuming): the ``stateful`` objects, RNG states, the rollout (its
-        counters and episode in progress), the metrics rows up to it; then (re)write metrics.csv up to
-        there."""
-        self.stateful, self.rollout = stateful, rollout
+    def restore(self, rollout: Rollout, *, agent, optimizer, env, **more_state) -> None:
+        """The objects the run keeps in its checkpoints, by name (``agent``, ``optimizer``, ``env`` and the
+        method's ``more_state``), and the rollout; when resuming, all of them continue from the checkpoint
+        (with the RNG states and the metrics rows up to it). Then (re)writes metrics.csv up to there."""
+        self.stateful = {"agent": agent, "optimizer": optimizer, "env": env, **more_state}
+        self.rollout = rollout
         self.start_time = time.time()
         checkpoint = self.checkpoint
         if checkpoint is not None:
-            missing = set(stateful) - set(checkpoint)
+            missing = set(self.stateful) - set(checkpoint)
             if missing:  # checked before anything is loaded
                 raise CheckpointError(
                     f"checkpoint {self.ckpt_path} has no {sorted(missing)}; delete it to restart the run"
                 )
-            for name, obj in stateful.items():
+            for name, obj in self.stateful.items():
                 obj.load_state_dict(checkpoint[name])
             set_rng_state(checkpoint["rng"])
             progress = checkpoint["progress"]
@@ -867,21 +1137,23 @@ class TrainingRun:
             self.csv_writer.writerows(self.rows)
         self.rows = list(self.rows)
 
-    def iteration_metrics(
-        self, iteration: int, update: UpdateSummary, *, agent, optimizer, advantages, values, times
-    ) -> dict:
+    def iterations(self) -> range:
+        return range(self.start_iteration, self.args.num_iterations + 1)
+
+    def iteration_metrics(self, iteration: int, batch: Batch, update: UpdateSummary) -> dict:
         """The per-iteration row every script writes (same keys and order), then the method's own statistics
-        (``update.stats`` after kl and ess); ``advantages`` and ``values`` (GAE's float64 arrays) give the
-        explained variance, ``times`` (`IterationTimes`) the timings."""
-        rollout = self.rollout
+        (``update.stats`` after kl and ess); ``batch`` gives the explained variance and the rollout's
+        timing."""
+        rollout, agent, optimizer = self.rollout, self.stateful["agent"], self.stateful["optimizer"]
         episode_returns, global_step, new_eps = (
             rollout.episode_returns,
             rollout.global_step,
             rollout.episode_returns[rollout.first_new_episode :],
         )
         stats, losses = update.stats.arrays(), update.losses.arrays()
+        advantages, values = batch.advantages_np, batch.values_np
         var_y = float(np.var(advantages + values))
-        iter_time = time.perf_counter() - times.start
+        iter_time = time.perf_counter() - batch.started
         kl_mean = float(stats["kl"].mean())
         row = {
             "iteration": iteration,
@@ -904,8 +1176,8 @@ class TrainingRun:
             "learning_rate": optimizer.param_groups[0]["lr"],
             "epochs": update.epochs,
             "iter_time": iter_time,
-            "rollout_time": times.rollout,
-            "update_time": times.update,
+            "rollout_time": batch.rollout_time,
+            "update_time": update.update_time,
             "SPS": global_step / (time.time() - self.start_time),
         }
         for name, column in stats.items():
@@ -913,10 +1185,7 @@ class TrainingRun:
                 row[name] = float(column.max() if name.endswith("_max") else column.mean())
         return row
 
-    def iterations(self) -> range:
-        return range(self.start_iteration, self.args.num_iterations + 1)
-
-    def log(self, iteration: int, row: dict, agent, env) -> None:
+    def log(self, iteration: int, row: dict) -> None:
         """metrics.csv, TensorBoard, the console line, the periodic evaluation and the checkpoint of an
         iteration."""
         args, rollout = self.args, self.rollout
@@ -935,7 +1204,7 @@ class TrainingRun:
                 flush=True,
             )
         if args.eval_every > 0 and args.eval_episodes > 0 and iteration % args.eval_every == 0:
-            summary = eval_summary(evaluate(env, agent, args))
+            summary = eval_summary(evaluate(self.stateful["env"], self.stateful["agent"], args))
             self.eval_rows.append(
                 {
                     "iteration": iteration,
@@ -970,7 +1239,7 @@ class TrainingRun:
                 },
             )
 
-    def finish(self, agent, env) -> dict:
+    def finish(self) -> dict:
         """final.json (never half-written), with the deterministic evaluation; the checkpoint is removed."""
         args, rollout = self.args, self.rollout
         last = rollout.episode_returns[-100:]
@@ -989,7 +1258,8 @@ class TrainingRun:
             "git_commits": self.commits,
         }
         if args.eval_episodes > 0:
-            final.update(eval_summary(evaluate(env, agent, args)), eval_seed=args.seed + EVAL_SEED_OFFSET)
+            returns = evaluate(self.stateful["env"], self.stateful["agent"], args)
+            final.update(eval_summary(returns), eval_seed=args.seed + EVAL_SEED_OFFSET)
         closing = (
             f"done: {rollout.global_step} steps; training return (last {final['final_return_episodes']} "
             f"episodes) {final['final_return']:.1f}"
@@ -1007,9 +1277,17 @@ class TrainingRun:
         print(f"{closing}; results in {self.dir}", flush=True)
         return final
 
-    def close(self, env) -> None:
+    def close(self) -> None:
+        """metrics.csv, the environment and TensorBoard, closed."""
         if self.csv_file is not None:
             self.csv_file.close()
-        env.close()
+        if "env" in self.stateful:
+            self.stateful["env"].close()
         if self.writer is not None:
             self.writer.close()
+
+    def __enter__(self) -> TrainingRun:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import glob
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import rgpo_trl
+from rgpo_lab import mujoco_grid as grid
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
@@ -31,14 +32,9 @@ needs_compiler = pytest.mark.skipif(
 
 
 def load(method):
-    name = f"{method}_continuous_action"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """``mujoco_baselines/<method>_continuous_action.py``, imported as the module it is (the scripts are a
+    package installed with the project); every MuJoCo test module loads the scripts through this."""
+    return importlib.import_module(f"mujoco_baselines.{method}_continuous_action")
 
 
 def small_args(module, tmp_path, run_name="run", **overrides):
@@ -542,50 +538,43 @@ def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path)
 
 def test_scripts_share_the_common_module_and_their_defaults():
     """What is not the algorithm lives once, in mujoco_baselines/common.py: every script uses the same objects
-    (not copies), and every Args field the scripts share has the same default."""
+    (not copies); every flag the scripts share is declared once, in common.BaseArgs (StaleSampleArgs for PPO's
+    and RGPO's stale-sample flags), and a script re-declares a shared field only for its exp_name or its own
+    help text, never with another default."""
     import dataclasses
 
     from mujoco_baselines import common
 
-    shared = [
-        "Agent",
-        "MujocoEnv",
-        "Rollout",
-        "TrainingRun",
-        "UpdateStep",
-        "MinibatchStats",
-        "UpdateSummary",
-        "resolve_args",
-        "cli",
-        "seed_everything",
-    ]
+    base = {f.name: f for f in dataclasses.fields(common.BaseArgs)}
+    assert {"env_id", "hidden_size", "learning_rate", "num_steps", "checkpoint_every", "spike_kl"} <= set(
+        base
+    )
+    redeclared = {"ppo": {"decoupled"}, "rgpo": {"decoupled"}, "trpo": {"compile"}, "awr": set()}
     for method in METHODS:
         module = load(method)
-        for name in shared:
-            assert getattr(module, name) is getattr(common, name), (method, name)
+        assert (
+            module.common is common and module.Agent is common.Agent and module.MujocoEnv is common.MujocoEnv
+        )
+        assert issubclass(
+            module.Args, common.StaleSampleArgs if method in ("ppo", "rgpo") else common.BaseArgs
+        )
         source = open(os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")).read()
         assert "class Agent" not in source and "class MujocoEnv" not in source and "sys.path" not in source
-    fields = {m: {f.name: f.default for f in dataclasses.fields(load(m).Args)} for m in METHODS}
-    common_fields = set.intersection(*(set(f) for f in fields.values())) - {"exp_name"}
-    assert {
-        "env_id",
-        "hidden_size",
-        "learning_rate",
-        "num_steps",
-        "checkpoint_every",
-        "spike_kl",
-    } <= common_fields
-    for name in common_fields:
-        assert len({repr(fields[m][name]) for m in METHODS}) == 1, f"Args.{name} differs between the scripts"
+        inherited = {f.name for f in dataclasses.fields(common.StaleSampleArgs)} | set(base)
+        assert set(module.Args.__annotations__) & inherited == {"exp_name"} | redeclared[method], method
+        args = module.Args()
+        assert args.exp_name == f"{method}_continuous_action"
+        for name in redeclared[method]:
+            assert getattr(args, name) == getattr(common.StaleSampleArgs(), name), (method, name)
     # the KL controller's defaults are written once, in rgpo_trl's AdaptiveKLController; a spike is 2 x target
-    adaptive = rgpo_trl.AdaptiveKLController()
-    assert fields["rgpo"]["kl_target"] == adaptive.kl_target == 0.02
-    assert (fields["rgpo"]["kl_coef"], fields["rgpo"]["kl_coef_min"], fields["rgpo"]["kl_coef_max"]) == (
+    rgpo_args, adaptive = load("rgpo").Args(), rgpo_trl.AdaptiveKLController()
+    assert rgpo_args.kl_target == adaptive.kl_target == 0.02
+    assert (rgpo_args.kl_coef, rgpo_args.kl_coef_min, rgpo_args.kl_coef_max) == (
         adaptive.kl_coef,
         adaptive.kl_coef_min,
         adaptive.kl_coef_max,
     )
-    assert fields["ppo"]["spike_kl"] == common.SPIKE_KL == 2 * adaptive.kl_target == 0.04
+    assert base["spike_kl"].default == common.SPIKE_KL == 2 * adaptive.kl_target == 0.04
 
 
 def test_minibatch_stats_by_name():
@@ -623,11 +612,10 @@ def test_scripts_run_as_modules_and_as_files(tmp_path):
 
 
 def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, monkeypatch):
-    """A run interrupted after its first checkpoint is resumed by mujoco_grid.py and ends with the metrics of an
-    uninterrupted mujoco_grid.py run; a second mujoco_grid.py call skips every finished run."""
+    """A run interrupted after its first checkpoint is resumed by mujoco_grid.py and ends with the metrics of
+    an uninterrupted mujoco_grid.py run; a second mujoco_grid.py call skips every finished run."""
     import tyro
 
-    grid = _load_grid()
     flags = ("--num-steps", "256", "--checkpoint-every", "2")
     runs = [grid.Run("t", m, "Hopper-v4", 0, 256 * 5, "default", flags) for m in ("ppo", "rgpo")]
     assert (
@@ -672,9 +660,8 @@ def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, 
 
 
 def test_grid_compile_flag_adds_compile_to_every_run_but_not_to_compile_equiv(capsys):
-    """`mujoco_grid.py --compile` passes --compile to every script of the named suites (run names unchanged, so a run
-    resumes in either mode) and refuses compile_equiv, whose eager side must stay eager."""
-    grid = _load_grid()
+    """`mujoco_grid.py --compile` passes --compile to every script of the named suites (run names unchanged,
+    so a run resumes in either mode) and refuses compile_equiv, whose eager side must stay eager."""
     assert grid.main(["smoke", "gates", "--compile", "--list"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
     assert len(lines) == len(grid.SUITES["smoke"]) + len(grid.SUITES["gates"])
@@ -688,15 +675,10 @@ def test_grid_compile_flag_adds_compile_to_every_run_but_not_to_compile_equiv(ca
         assert "cannot be combined with compile_equiv" in capsys.readouterr().err
 
 
-def _load_grid():
-    return importlib.import_module("rgpo_lab.mujoco_grid")
-
-
 @pytest.mark.slow  # a Ray instance takes minutes to start on a loaded 2-core machine
 def test_grid_runner_ray_backend_matches_local_runs(tmp_path):
     """The same runs as Ray tasks on a local Ray instance give the metrics of local subprocess runs."""
     ray = pytest.importorskip("ray")
-    grid = _load_grid()
     runs = [
         grid.Run("t", m, "Hopper-v4", 0, 256 * 3, "default", ("--num-steps", "256")) for m in ("ppo", "rgpo")
     ]

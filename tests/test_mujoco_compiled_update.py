@@ -38,6 +38,12 @@ def _setup(method="ppo", width=64, max_grad_norm=0.5, seed=0):
     return module, args, agent, data
 
 
+def _minibatch(method, d, idx):
+    """The inputs of `method`'s minibatch_loss for the samples `idx` of `_setup`'s rollout."""
+    tensors = (d["obs"], d["actions"], d["adv"], d["logprobs"], d["returns"], d["values"])
+    return (*(t[idx] for t in tensors), *NO_WEIGHT.get(method, ()))
+
+
 def _eager_step(agent, optimizer, loss, params, stat_params, max_grad_norm, g_sum):
     """The scripts' eager step (loss.backward, gradient statistics, clip_grad_norm_, torch.optim.Adam)."""
     optimizer.zero_grad(set_to_none=True)
@@ -86,15 +92,7 @@ def _run_both(method, compile, steps, max_grad_norm=0.5, value_only=False, lr_sc
         if value_only:
             batch = (d["obs"][idx], d["returns"][idx], d["values"][idx])
         else:
-            batch = (
-                d["obs"][idx],
-                d["actions"][idx],
-                d["adv"][idx],
-                d["logprobs"][idx],
-                d["returns"][idx],
-                d["values"][idx],
-                *NO_WEIGHT.get(method, ()),
-            )
+            batch = _minibatch(method, d, idx)
         eager_extra, fast_extra = (
             ((0.5,), (torch.tensor(0.5),)) if method == "rgpo" and not value_only else ((), ())
         )
@@ -342,16 +340,7 @@ def test_step_reads_the_learning_rate_of_a_reloaded_optimiser():
     step = CompiledAdamStep(
         agent, opt, loss_fn, list(agent.parameters()), 0.5, agent.policy_parameters(), compile=False
     )
-    idx = torch.arange(64)
-    batch = (
-        d["obs"][idx],
-        d["actions"][idx],
-        d["adv"][idx],
-        d["logprobs"][idx],
-        d["returns"][idx],
-        d["values"][idx],
-        None,  # no decoupled weight
-    )
+    batch = _minibatch("ppo", d, torch.arange(64))  # no decoupled weight
     step(*batch)
     opt.load_state_dict(copy.deepcopy(opt.state_dict()))
     opt.param_groups[0]["lr"] = 0.0

@@ -3,7 +3,6 @@ checked against scipy."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -12,10 +11,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from rgpo_lab import mujoco_report as report
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-report = importlib.import_module("rgpo_lab.mujoco_report")
 
 
 def write_run(
