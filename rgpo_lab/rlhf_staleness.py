@@ -30,10 +30,11 @@ STEP_BIN = 25  # optimizer steps per bin of the curves along training
 # name -> (per-step metric keys, first one logged wins; how a run's window reduces it)
 WINDOW_METRICS: dict[str, tuple[tuple[str, ...], Callable]] = {
     # TRL's AsyncGRPOTrainer logs the mean ratio to the behaviour policy as ``ratio`` and its k3 KL as ``kl``
-    "r_mean": (("behaviour/ratio_mean", "ratio"), np.mean),
-    "r_max": (("behaviour/ratio_max",), np.max),
-    "r_beyond_1.2": (("behaviour/beyond_1.2",), np.mean),
-    "r_beyond_2": (("behaviour/beyond_2",), np.mean),
+    # AsyncRGPOTrainer logs them as rgpo/ratio_old_*
+    "r_mean": (("behaviour/ratio_mean", "rgpo/ratio_old_mean", "ratio"), np.mean),
+    "r_max": (("behaviour/ratio_max", "rgpo/ratio_old_max"), np.max),
+    "r_beyond_1.2": (("behaviour/beyond_1.2", "rgpo/ratio_old_beyond_1.2"), np.mean),
+    "r_beyond_2": (("behaviour/beyond_2", "rgpo/ratio_old_beyond_2"), np.mean),
     "kl_old": (("behaviour/kl_old", "rgpo/kl_old"), np.mean),
     "kl_coef": (("rgpo/kl_coef",), np.mean),
     "rejected_frac": (("rgpo/rejected_frac",), np.mean),
@@ -354,6 +355,7 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
     ]
     if suite == "stale_async":
         curves[1] = ("rgpo/kl_ref", "KL_ref (rgpo's)")
+        curves[2] = ("rgpo/ratio_old_beyond_1.2", "r_b beyond 1.2")
         curves[3] = ("rgpo/kl_old", "KLhat_old")
     fig, axes = plt.subplots(len(methods), len(curves), figsize=(3 * len(curves), 2.4 * len(methods)))
     axes = np.atleast_2d(axes)

@@ -1,7 +1,18 @@
 """The behaviour-ratio statistics against a float64 numpy reference, and the monitor on a real trainer."""
 
 import numpy as np
+import pytest
 import torch
+from _trainer_utils import (
+    attach_recorder,
+    base_args,
+    independent_logps,
+    save_tiny_model,
+    tiny_dataset,
+    tiny_tokenizer,
+    vowel_reward,
+)
+from trl import GRPOConfig
 
 from rgpo_trl.rlhf.behaviour_ratio import BEYOND, behaviour_ratio_sums
 
@@ -48,3 +59,68 @@ def test_no_behaviour_logps_means_on_policy():
     out = behaviour_ratio_sums(logps, None, torch.ones(2, 5))
     assert out["sums"].tolist() == [10.0, 0.0, 0.0, 0.0, 10.0]
     assert float(out["max"]) == 1.0
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_behaviour"))
+
+
+@pytest.mark.parametrize("steps_per_generation", [1, 4])
+def test_the_monitor_logs_the_ratio_each_step_trained_on(
+    model_path, tmp_path, one_torch_thread, steps_per_generation
+):
+    """GRPO (beta = 0, one iteration) with S optimizer steps per generation batch: step s of a batch trains on
+    samples s - 1 updates old. The logged r_b statistics equal those of log-probs recomputed by a plain
+    forward against the batch's behaviour log-probs; with S = 1 the ratio is 1 and the monitor still logs
+    KL_ref (scoring the batch under the policy itself)."""
+    from rgpo_trl.rlhf.methods import GRPOMonitoredTrainer
+
+    args = GRPOConfig(
+        **base_args(
+            tmp_path,
+            beta=0.0,
+            loss_type="grpo",
+            num_iterations=1,
+            max_steps=4,
+            steps_per_generation=steps_per_generation,
+        )
+    )
+    trainer = GRPOMonitoredTrainer(
+        model_path, vowel_reward, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer()
+    )
+
+    def ref_logps(trainer, model, inputs, record):
+        record["ref"] = independent_logps(trainer.ref_model, inputs, trainer.temperature)
+
+    records = attach_recorder(trainer, ref_logps)
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "behaviour/ratio_mean" in e]
+    assert len(logged) == len(records) == 4
+    for step, (entry, record) in enumerate(zip(logged, records, strict=True)):
+        behaviour = record["inputs"].get("old_per_token_logps")
+        assert (behaviour is None) == (steps_per_generation == 1)
+        if behaviour is None:
+            assert entry["behaviour/ratio_mean"] == 1.0 and entry["behaviour/ratio_max"] == 1.0
+            assert entry["behaviour/beyond_1.2"] == 0.0 and entry["behaviour/kl_old"] == 0.0
+            continue
+        ref = reference(
+            record["logps"].numpy(), behaviour.numpy(), record["inputs"]["completion_mask"].numpy()
+        )
+        assert entry["behaviour/ratio_mean"] == pytest.approx(ref["mean"], rel=1e-4)
+        assert entry["behaviour/ratio_max"] == pytest.approx(ref["max"], rel=1e-4)
+        assert entry["behaviour/kl_old"] == pytest.approx(ref["kl"], rel=1e-3, abs=1e-7)
+        if step % steps_per_generation == 0:  # the first step of a batch: the behaviour policy itself
+            assert entry["behaviour/kl_old"] < 1e-8
+    if steps_per_generation > 1:
+        assert max(e["behaviour/kl_old"] for e in logged) > 1e-4  # the later steps trained on stale samples
+    # KL_ref(k3) of pi_old to the reference, at S = 1 too (there pi_old is the policy as the batch is made)
+    kl_ref = [e["kl_ref/monitor"] for e in trainer.state.log_history if "kl_ref/monitor" in e]
+    first_of_batch = records[::steps_per_generation]
+    assert len(kl_ref) == len(first_of_batch) == 4 // steps_per_generation
+    for value, record in zip(kl_ref, first_of_batch, strict=True):
+        mask = record["inputs"]["completion_mask"].double()
+        d = (record["ref"] - record["logps"]).double()
+        assert value == pytest.approx(((d.exp() - d - 1) * mask).sum().item() / mask.sum().item(), rel=1e-3)
+    if len(kl_ref) > 1:  # after the first batch's updates the policy has moved off the reference
+        assert max(kl_ref) > 1e-5

@@ -105,7 +105,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
 
     Extra metrics: ``rgpo/gate_mean``, ``rgpo/rejected_frac`` (g < 0.1), ``rgpo/weight_mean`` (w = g'(r) r),
     ``rgpo/ess``, ``rgpo/kl_old`` (KLhat to the behaviour policy), ``rgpo/kl_coef``, ``rgpo/ratio_old_mean`` /
-    ``_max`` / ``_frac_above_1.2`` / ``_frac_above_2``; with a reference ``rgpo/kl_ref``,
+    ``_max`` / ``_beyond_1.2`` / ``_beyond_2`` (shares with max(r, 1 / r) above 1.2 / 2); with a reference ``rgpo/kl_ref``,
     ``rgpo/ratio_ref_mean`` / ``_max``; ``staleness/mean`` / ``max`` (versions behind the last published
     weights, per trained token) and ``rgpo/rejected_frac_staleness{0,1,2plus}``,
     ``rgpo/weight_mean_staleness{...}``, ``staleness/tokens_{...}``.
@@ -269,8 +269,9 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             "rgpo/kl_old": e["kl_old"].double(),
             "rgpo/rejected_frac": rejected,
             "rgpo/ratio_old_mean": r_old.double(),
-            "rgpo/ratio_old_frac_above_1.2": (r_old > 1.2).double(),
-            "rgpo/ratio_old_frac_above_2": (r_old > 2.0).double(),
+            # max(r, 1 / r) beyond x: as the synchronous methods' behaviour/beyond_x and the MuJoCo scripts
+            "rgpo/ratio_old_beyond_1.2": (torch.maximum(r_old, 1 / r_old) > 1.2).double(),
+            "rgpo/ratio_old_beyond_2": (torch.maximum(r_old, 1 / r_old) > 2.0).double(),
             "entropy": packed.entropy.detach().double(),
             "staleness/mean": staleness,
         }

@@ -25,7 +25,9 @@ rate, ``num_iterations``) comes from the preset, so runs differ only in the poli
 More are added with `register_rlhf_method`. KL to the reference is the paper's primary RLHF stability
 metric, also for GRPO, which does not optimise it: `ReferenceKLMonitor` computes it the same way for every
 method, from the reference log-probabilities the trainer computes for its loss or, for GRPO (beta = 0), from
-the same reference forward made by the monitor itself.
+the same reference forward made by the monitor itself. How stale the samples a step trains on are is logged
+the same way for every GRPO-family method by `BehaviourRatioMonitor` (``behaviour/*``: the ratio to the
+behaviour policy, from the loss's own log-probabilities).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from trl.trainer.utils import (
 
 from ..core import clamp_log_ratio, kl_ref_estimate
 from ..trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
+from .behaviour_ratio import BehaviourRatioMonitor
 
 logger = logging.getLogger("rgpo_trl.recipe")
 
@@ -80,7 +83,9 @@ class ReferenceKLMonitor:
     - after each generation batch, `_reference_per_token_logps` scores it under that reference with TRL's
       reference forward; the log-probs never enter the batch, so the loss is exactly GRPO's.
 
-    ``monitor_builds_reference`` says which case a trainer is in. The trainer's state is not changed while a
+    pi_old is the batch's ``old_per_token_logps``; with one optimizer step per generation batch TRL computes
+    none (the behaviour policy is the policy as it is), and the monitor scores the batch under the policy
+    itself. ``monitor_builds_reference`` says which case a trainer is in. The trainer's state is not changed while a
     batch is scored or the metric computed.
     """
 
@@ -93,7 +98,6 @@ class ReferenceKLMonitor:
                 pre_wrapped_peft=given.get("peft_config") is None,
                 quantization_config=given.get("quantization_config"),
             )
-        self._warned_no_old = False
 
     def _build_reference(self, pre_wrapped_peft: bool, quantization_config=None):
         """The reference GRPOTrainer's ``__init__`` builds when beta != 0, built the same way here (the TRL
@@ -150,11 +154,8 @@ class ReferenceKLMonitor:
         none."""
         mode = "train" if self.model.training else "eval"
         old = batch.get("old_per_token_logps")
-        if old is None:
-            if not self._warned_no_old:
-                self._warned_no_old = True
-                print("[rgpo-trl] kl_ref/monitor needs num_iterations > 1 (pi_old log-probs); not logged.")
-            return
+        if old is None:  # one optimizer step per generation batch: TRL skips pi_old, the policy as it is now
+            old = self._reference_per_token_logps(batch, policy=True)
         ref = batch.get("ref_per_token_logps")
         if ref is None and self.monitor_builds_reference:
             ref = self._reference_per_token_logps(batch)
@@ -165,11 +166,12 @@ class ReferenceKLMonitor:
         totals = self.accelerator.reduce(torch.stack([(kl * mask).sum(), mask.sum()]), reduction="sum")
         self._metrics[mode]["kl_ref/monitor"].append((totals[0] / totals[1].clamp(min=1.0)).item())
 
-    def _reference_per_token_logps(self, batch: dict[str, Any]) -> torch.Tensor:
+    def _reference_per_token_logps(self, batch: dict[str, Any], policy: bool = False) -> torch.Tensor:
         """Log-probs of the batch's completion tokens under the reference, as GRPOTrainer's
         `_generate_and_score_completions` computes ``ref_per_token_logps`` (from ``ref_model``, or with the
         PEFT adapter disabled / the ``"ref"`` adapter), its inputs rebuilt from the batch as GRPOTrainer's
-        `_compute_loss` does. tests/test_reference_kl_monitor.py pins a digest of the TRL lines followed."""
+        `_compute_loss` does. tests/test_reference_kl_monitor.py pins a digest of the TRL lines followed.
+        With ``policy``, the same forward under the policy as it is (no adapter switched)."""
         prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
         completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -178,7 +180,9 @@ class ReferenceKLMonitor:
         batch_size = (
             self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         )
-        if self.ref_model is not None:
+        if policy:
+            model, reference = self.model, nullcontext()
+        elif self.ref_model is not None:
             model, reference = self.ref_model, nullcontext()
         else:
             policy = self.accelerator.unwrap_model(self.model)
@@ -282,11 +286,11 @@ def make_trainer(trainer_class: type, model_args, training_args, tokenizer, data
     )
 
 
-class RGPOMonitoredTrainer(ReferenceKLMonitor, RGPOTrainer):
+class RGPOMonitoredTrainer(BehaviourRatioMonitor, ReferenceKLMonitor, RGPOTrainer):
     pass
 
 
-class GRPOMonitoredTrainer(ReferenceKLMonitor, GRPOTrainer):
+class GRPOMonitoredTrainer(BehaviourRatioMonitor, ReferenceKLMonitor, GRPOTrainer):
     pass
 
 
