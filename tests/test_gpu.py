@@ -107,3 +107,31 @@ def test_async_rgpo_trainer_trains_in_bf16_on_cuda(model_path, tmp_path):
     _check(trainer, before)
     logged = set().union(*(e.keys() for e in trainer.state.log_history))
     assert {"rgpo/gate_mean", "rgpo/kl_coef", "staleness/max", "rgpo/kl_ref"} <= logged
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "cispo"])
+def test_monitored_grpo_trainer_on_stale_samples_in_bf16_on_cuda(model_path, tmp_path, loss_type):
+    """The staleness suite's trainer for TRL's losses: beta = 0 (grpo), so `ReferenceKLMonitor` builds the
+    reference itself and must place it on the GPU; two optimizer steps per generation batch, so the second
+    trains on stale samples and `BehaviourRatioMonitor` sees r_b != 1."""
+    from trl import GRPOConfig
+
+    from rgpo_trl.rlhf.methods import GRPOMonitoredTrainer
+
+    beta = 0.0 if loss_type == "grpo" else 0.05
+    args = GRPOConfig(
+        **_gpu_args(
+            tmp_path, max_steps=4, num_iterations=1, steps_per_generation=2, beta=beta, loss_type=loss_type
+        )
+    )
+    trainer = GRPOMonitoredTrainer(
+        model_path, vowel_reward, args=args, train_dataset=tiny_dataset(), processing_class=tiny_tokenizer()
+    )
+    assert trainer.monitor_builds_reference == (beta == 0.0)
+    assert next(trainer.ref_model.parameters()).device.type == "cuda"
+    before = {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    _check(trainer, before)
+    kl_old = [e["behaviour/kl_old"] for e in trainer.state.log_history if "behaviour/kl_old" in e]
+    assert len(kl_old) == 4 and kl_old[1] > 0 and kl_old[3] > 0  # the second step of each batch is stale
+    assert [e for e in trainer.state.log_history if "kl_ref/monitor" in e]
