@@ -1,5 +1,5 @@
-"""MkDocs hook: publish the committed results and benchmark outputs with the site, so the pages link to the exact
-files a command wrote (tables, figures, JSON) and `mkdocs build --strict` fails when one is missing."""
+"""MkDocs hook: publish the committed results and benchmark outputs with the site, so the pages link to the
+exact files a command wrote (tables, figures, JSON) and `mkdocs build --strict` fails when one is missing."""
 
 from __future__ import annotations
 

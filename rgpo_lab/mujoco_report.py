@@ -2,10 +2,10 @@
 
     python -m rgpo_lab.mujoco_report results/mujoco --out results/mujoco/report
 
-Reads only ``<results>/<suite>/<run>/{config.json, metrics.csv, final.json}`` (as written by ``mujoco_grid.py``) and
-the suite definitions in ``mujoco_grid.py`` (to list the runs that have not run yet). Writes ``<out>/report.md``, one
-CSV per table and the figures as PNG. Only finished runs (with ``final.json``) enter a table; the others are
-counted as in progress or not run, never filled in.
+Reads only ``<results>/<suite>/<run>/{config.json, metrics.csv, final.json}`` (as written by
+``mujoco_grid.py``) and the suite definitions in ``mujoco_grid.py`` (to list the runs that have not run yet).
+Writes ``<out>/report.md``, one CSV per table and the figures as PNG. Only finished runs (with ``final.json``)
+enter a table; the others are counted as in progress or not run, never filled in.
 
 Statistics (per run first, then across seeds; n = number of finished seeds, stated in every cell):
 - final return: mean of the run's last 100 episodes (``final.json``); mean +- sample std (ddof = 1) over
@@ -201,9 +201,9 @@ def main_returns_table(runs):
 
 def main_returns_md(t: pd.DataFrame) -> str:
     lines = [
-        "`main`'s eager runs (seeds 0-2, as the paper's 3 seeds; no deterministic evaluation): training return "
-        "(mean of the last 100 episodes). RGPO vs PPO: one-tailed Welch (H1: RGPO > PPO), as the paper, "
-        "uncorrected.",
+        "`main`'s eager runs (seeds 0-2, as the paper's 3 seeds; no deterministic evaluation): "
+        "training return (mean of the last 100 episodes). RGPO vs PPO: one-tailed Welch (H1: RGPO > PPO), "
+        "as the paper, uncorrected.",
         "",
         "| env | "
         + " | ".join(f"{m.upper()} ours / paper" for m in METHODS)

@@ -456,9 +456,9 @@ def dynamics_markdown(rows: list[dict], window: tuple[int, int]) -> str:
     if gated:
         lines += [
             "",
-            "The KL-to-old controller and the gate against pi_old (methods that log them), mean ± std over seeds "
-            "of each run's value: kl_coef in the window and its minimum over training (its floor is kl_coef_min), "
-            "and the largest fraction of tokens the gate rejected (g < 0.1) at any iteration.",
+            "The KL-to-old controller and the gate against pi_old (methods that log them), mean ± std over "
+            "seeds of each run's value: kl_coef in the window and its minimum over training (its floor is "
+            "kl_coef_min), and the largest fraction of tokens the gate rejected (g < 0.1) at any iteration.",
             "",
             "| method | n | kl_coef window | kl_coef min | rejected fraction, max over iterations |",
             "|---|---|---|---|---|",

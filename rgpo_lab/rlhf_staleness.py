@@ -102,9 +102,10 @@ def _interpolate(curve: list[tuple[float, float]], kl: float) -> float | None:
 
 
 def matched_kl(points: list[dict], other: str, level: int, n_boot: int = 10_000, seed: int = 0) -> dict:
-    """Rule C: RGPO's seed-mean test gold, interpolated along its (KL_ref, gold) curve over the suite's levels,
-    at ``other``'s KL_ref at ``level``, minus ``other``'s gold there; 95% percentile interval with the seeds of
-    every point resampled (resamples outside RGPO's KL range dropped; ``inside`` = the share kept)."""
+    """Rule C: RGPO's seed-mean test gold, interpolated along its (KL_ref, gold) curve over the suite's
+    levels, at ``other``'s KL_ref at ``level``, minus ``other``'s gold there; 95% percentile interval with the
+    seeds of every point resampled (resamples outside RGPO's KL range dropped; ``inside`` = the share
+    kept)."""
     mine = [p for p in points if p["method"] == "rgpo" and p["n"] > 0]
     theirs = next((p for p in points if p["method"] == other and p["level"] == level and p["n"] > 0), None)
     row = {"method": other, "level": level, "kl_ref": None, "gold": None, "rgpo_gold": None}
@@ -217,12 +218,12 @@ def staleness_markdown(suite: str, points: list[dict], tests: list[dict]) -> str
         f"### {suite}: {what}",
         "",
         f"{STALE_STEPS} optimizer steps of 16 completions at every level; held-out = 64 test prompts x 4 "
-        "samples after training; window = optimizer steps 305-400 (r_b max: the window's largest). 'n/a': the "
-        "method does not log it (r_b max and shares: TRL's AsyncGRPOTrainer logs only the mean ratio; "
-        "clip fraction: RGPO and SAPO do not clip; kl_coef and the rejected fraction are RGPO's).",
+        "samples after training; window = optimizer steps 305-400 (r_b max: the window's largest). "
+        "'n/a': the method does not log it (r_b max and shares: TRL's AsyncGRPOTrainer logs only the mean "
+        "ratio; clip fraction: RGPO and SAPO do not clip; kl_coef and the rejected fraction are RGPO's).",
         "",
-        f"| method | {letter} | n | test gold | test KL_ref | test proxy | r_b mean | r_b max | r_b beyond 1.2 | "
-        "r_b beyond 2 | KLhat_old | kl_coef | rejected | clip / truncated |"
+        f"| method | {letter} | n | test gold | test KL_ref | test proxy | r_b mean | r_b max | "
+        "r_b beyond 1.2 | r_b beyond 2 | KLhat_old | kl_coef | rejected | clip / truncated |"
         + (" staleness seen |" if suite == "stale_async" else ""),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         + ("---|" if suite == "stale_async" else ""),
@@ -259,7 +260,8 @@ def staleness_markdown(suite: str, points: list[dict], tests: list[dict]) -> str
     own = next(t for t in tests if t["method"] == "rgpo")
     lines += [
         "",
-        f"RGPO's own change from {letter} = {fresh} to {stale}: {_ci(own['b_change'], own['b_low'], own['b_high'])}"
+        f"RGPO's own change from {letter} = {fresh} to {stale}: "
+        f"{_ci(own['b_change'], own['b_low'], own['b_high'])}"
         f" (Holm p {_p(own['b_p_holm'])}, in B's family).",
     ]
     return "\n".join(lines)

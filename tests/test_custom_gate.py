@@ -142,8 +142,8 @@ def test_mujoco_rgpo_script_trains_with_a_registered_gate(tmp_path):
 
 
 def test_a_gate_with_checks_in_its_own_init_is_refused_by_the_config():
-    """check_gate (the configs' validation) runs a registered gate's own __init__ checks, not only its declared
-    parameter ranges, so a bad value fails when RGPOConfig is built, not later in the trainer."""
+    """check_gate (the configs' validation) runs a registered gate's own __init__ checks, not only its
+    declared parameter ranges, so a bad value fails when RGPOConfig is built, not later in the trainer."""
 
     @register_gate("even_k_for_test")
     class EvenKGate(Gate):

@@ -1,7 +1,7 @@
 """RGPOTrainer mirrors or adapts a few pieces of TRL 1.16's GRPOTrainer that TRL offers no hook for (its
-``_compute_loss`` is one method: forward, surrogate, aggregation, entropy bonus, aux loss, metrics). Each piece
-lives in one RGPOTrainer method; these tests pin a digest of the TRL lines it follows, so a TRL release that
-changes them fails here, naming the lines and the method to re-read, instead of silently diverging."""
+``_compute_loss`` is one method: forward, surrogate, aggregation, entropy bonus, aux loss, metrics). Each
+piece lives in one RGPOTrainer method; these tests pin a digest of the TRL lines it follows, so a TRL release
+that changes them fails here, naming the lines and the method to re-read, instead of silently diverging."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from trl import GRPOTrainer
 from rgpo_trl import RGPOTrainer
 from rgpo_trl.trainer.trl_version import source_segment_digest
 
-# GRPOTrainer method -> [(first text, last text) of the lines, the RGPOTrainer method that follows them, digest]
+# GRPOTrainer method -> [(first text, last text) of the lines, the RGPOTrainer method that follows them,
+# digest]
 MIRRORED = {
     "_compute_loss": [
         # the forward and the loss mask: copied

@@ -90,7 +90,8 @@ def test_window_metrics_and_the_section(study):
     runs = rlhf_report.load(str(study / "stale_sync"))
     points = rlhf_staleness.staleness_points(runs, "stale_sync")
     p16 = next(p for p in points if p["method"] == "rgpo" and p["level"] == 16)
-    # window = iterations 20-25 = steps 305-400: the mean over the batch's 16 steps, the largest incl. step 390
+    # window = iterations 20-25 = steps 305-400: the mean over the batch's 16 steps,
+    # the largest incl. step 390
     assert p16["r_mean"].mean == pytest.approx(1.0 + 0.01 * 7.5)
     assert p16["r_max"].mean == pytest.approx(1.0 + 0.1 * 5 + 5.0)  # step 390 is the 6th of its batch
     assert p16["kl_coef"].mean == pytest.approx(0.01) and p16["clip_frac"].n == 0

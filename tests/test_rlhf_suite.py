@@ -1,4 +1,5 @@
-"""rgpo_lab/rlhf_suite.py: runs, skips finished runs, and resumes from a checkpoint without duplicated rows."""
+"""rgpo_lab/rlhf_suite.py: runs, skips finished runs, and resumes from a checkpoint without duplicated
+rows."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ baseline script imports the baseline's ``mujoco_baselines`` (each side's package
 ``PYTHONPATH``; before, the installed, i.e. current, ``common.py`` served both sides). The time per iteration
 is the median of ``iter_time`` over the iterations after the first two (compilation excluded); the reported
 ratio is the median over rounds of baseline time / current time (> 1: the current scripts are faster),
-beside the ratio of the two variants' medians over every timed iteration of every round (pooled). The bar: ratio >= 0.97. Single iterations vary a lot on a shared VM even with nothing else
-running (see the committed rounds), so use enough rounds and iterations, or count calls instead
+beside the ratio of the two variants' medians over every timed iteration of every round (pooled). The bar:
+ratio >= 0.97. Single iterations vary a lot on a shared VM even with nothing else running (see the committed
+rounds), so use enough rounds and iterations, or count calls instead
 (count_mujoco_calls.py); pinning the benchmark to one core (``taskset -c 0``) keeps other work on the other
 cores out of it.
 """

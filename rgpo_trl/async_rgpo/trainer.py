@@ -105,9 +105,9 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
 
     Extra metrics: ``rgpo/gate_mean``, ``rgpo/rejected_frac`` (g < 0.1), ``rgpo/weight_mean`` (w = g'(r) r),
     ``rgpo/ess``, ``rgpo/kl_old`` (KLhat to the behaviour policy), ``rgpo/kl_coef``, ``rgpo/ratio_old_mean`` /
-    ``_max`` / ``_beyond_1.2`` / ``_beyond_2`` (shares with max(r, 1 / r) above 1.2 / 2); with a reference ``rgpo/kl_ref``,
-    ``rgpo/ratio_ref_mean`` / ``_max``; ``staleness/mean`` / ``max`` (versions behind the last published
-    weights, per trained token) and ``rgpo/rejected_frac_staleness{0,1,2plus}``,
+    ``_max`` / ``_beyond_1.2`` / ``_beyond_2`` (shares with max(r, 1 / r) above 1.2 / 2); with a reference
+    ``rgpo/kl_ref``, ``rgpo/ratio_ref_mean`` / ``_max``; ``staleness/mean`` / ``max`` (versions behind the
+    last published weights, per trained token) and ``rgpo/rejected_frac_staleness{0,1,2plus}``,
     ``rgpo/weight_mean_staleness{...}``, ``staleness/tokens_{...}``.
     """
 

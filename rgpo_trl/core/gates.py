@@ -128,10 +128,10 @@ def make_gate(name: str, **params: float | None) -> Gate:
 
 
 def check_gate(name: str, **params: float | None) -> dict[str, float]:
-    """Validate a gate's name and parameters as `make_gate` does (a config checks its gate at construction; the
-    trainer builds the one gate it uses). A gate declared by its ``params`` alone is not built; one whose class
-    defines its own ``__init__`` (checks of its own) is built once here, so those checks run now too. Returns
-    the parameter values, defaults filled in."""
+    """Validate a gate's name and parameters as `make_gate` does (a config checks its gate at construction;
+    the trainer builds the one gate it uses). A gate declared by its ``params`` alone is not built; one whose
+    class defines its own ``__init__`` (checks of its own) is built once here, so those checks run now too.
+    Returns the parameter values, defaults filled in."""
     cls = _gate_class(name)
     values = cls.check_params(params)
     if "__init__" in vars(cls):

@@ -85,8 +85,8 @@ class ReferenceKLMonitor:
 
     pi_old is the batch's ``old_per_token_logps``; with one optimizer step per generation batch TRL computes
     none (the behaviour policy is the policy as it is), and the monitor scores the batch under the policy
-    itself. ``monitor_builds_reference`` says which case a trainer is in. The trainer's state is not changed while a
-    batch is scored or the metric computed.
+    itself. ``monitor_builds_reference`` says which case a trainer is in. The trainer's state is not changed
+    while a batch is scored or the metric computed.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
