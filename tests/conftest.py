@@ -6,13 +6,9 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import sys  # noqa: E402
-
-# the MuJoCo scripts import their sibling compiled_update.py, as they do when run as files
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mujoco_baselines")
-)
-
+# No sys.path edits: mujoco_baselines is a package installed with the project (the scripts import
+# `mujoco_baselines.common` and `.compiled_update`), and pytest puts tests/ itself on sys.path, so the test
+# modules import their shared helpers (_trainer_utils, _mujoco_utils) by name.
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -3,18 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
-import sys
 
 import pytest
 import torch
+from _mujoco_utils import load, small_args
 
 import rgpo_trl
 from rgpo_trl import GATES, Gate, GateParam, describe_gates, make_gate, register_gate, rgpo_loss
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @register_gate("half_tanh")
@@ -73,7 +69,6 @@ def test_rgpo_config_validates_a_registered_gate(tmp_path):
 
 
 def test_rgpo_trainer_trains_with_a_registered_gate(tmp_path):
-    sys.path.insert(0, os.path.dirname(__file__))
     from _trainer_utils import (
         attach_recorder,
         base_args,
@@ -118,25 +113,11 @@ def test_rgpo_trainer_trains_with_a_registered_gate(tmp_path):
 def test_mujoco_rgpo_script_trains_with_a_registered_gate(tmp_path):
     pytest.importorskip("gymnasium")
     pytest.importorskip("mujoco")
-    name = "rgpo_continuous_action"
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    kw = dict(
-        env_id="Hopper-v4",
-        seed=1,
-        total_timesteps=512,
-        num_steps=256,
-        minibatch_size=64,
-        output_dir=str(tmp_path),
-        tensorboard=False,
-        verbose=False,
-    )
+    module = load("rgpo")
     HalfTanhGate.calls = 0
-    final = module.main(module.Args(run_name="tanh", gate="half_tanh", gate_params={"a": 3.0}, **kw))
+    final = module.main(small_args(module, tmp_path, "tanh", gate="half_tanh", gate_params={"a": 3.0}))
     assert HalfTanhGate.calls >= 2 * 4 * 10  # every mini-batch step of both iterations
-    reference = module.main(module.Args(run_name="sigmoid", **kw))
+    reference = module.main(small_args(module, tmp_path, "sigmoid"))
     assert math.isfinite(final["final_return"]) and final["final_return"] != reference["final_return"]
     assert rgpo_trl.make_gate("half_tanh").a == 2.0
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import csv
 import glob
-import importlib
 import json
 import math
 import os
-import shutil
 import sys
 
 import numpy as np
 import pytest
+from _mujoco_utils import TIME_KEYS, load, needs_compiler, read_rows, small_args
 
 import rgpo_trl
 from rgpo_lab import mujoco_grid as grid
@@ -24,39 +22,6 @@ pytest.importorskip("tyro")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ["ppo", "rgpo", "trpo", "awr"]
-TIME_KEYS = {"time", "iter_time", "rollout_time", "update_time", "SPS"}
-needs_compiler = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "g++")) is None,
-    reason="torch.compile's CPU backend (--compile) needs a C++ compiler",
-)
-
-
-def load(method):
-    """``mujoco_baselines/<method>_continuous_action.py``, imported as the module it is (the scripts are a
-    package installed with the project); every MuJoCo test module loads the scripts through this."""
-    return importlib.import_module(f"mujoco_baselines.{method}_continuous_action")
-
-
-def small_args(module, tmp_path, run_name="run", **overrides):
-    kw = dict(
-        env_id="Hopper-v4",
-        seed=1,
-        total_timesteps=512,
-        num_steps=256,
-        minibatch_size=64,
-        output_dir=str(tmp_path),
-        run_name=run_name,
-        tensorboard=False,
-        verbose=False,
-    )
-    kw.update(overrides)
-    return module.Args(**kw)
-
-
-def read_rows(run_dir):
-    with open(os.path.join(run_dir, "metrics.csv")) as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
 
 COMMON_KEYS = [
     "iteration",

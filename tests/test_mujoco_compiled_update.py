@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
 
-from test_mujoco_baselines import TIME_KEYS, load, needs_compiler, read_rows, small_args  # noqa: E402
+from _mujoco_utils import TIME_KEYS, load, needs_compiler, read_rows, small_args  # noqa: E402
 
 from mujoco_baselines.compiled_update import CompiledAdamStep  # noqa: E402
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_mujoco_baselines import TIME_KEYS, load, read_rows, small_args
+from _mujoco_utils import TIME_KEYS, load, read_rows, small_args
 
 import rgpo_trl
 
