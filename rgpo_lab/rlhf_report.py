@@ -32,7 +32,7 @@ from scipy import stats
 
 from rgpo_lab.rlhf_staleness import STUDIES, build_staleness
 from rgpo_lab.rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, METHODS, ONLINE, REUSE, REUSE_BASE
-from rgpo_lab.statistics import holm, mean_std
+from rgpo_lab.statistics import holm, matched_difference, mean_std
 from rgpo_lab.statistics import welch as welch_test
 
 BIN = 25  # iterations per bin of the per-iteration curves (25 x 16 samples per bin and seed)
@@ -623,49 +623,22 @@ def study_points(
     return points
 
 
-def _interpolate(curve: list[tuple[float, float]], kl: float) -> float | None:
-    """Gold on the piecewise-linear ``curve`` [(KL_ref, gold), ...] at ``kl``; None outside its KL range."""
-    curve = sorted(curve)
-    if len(curve) < 2 or not curve[0][0] <= kl <= curve[-1][0]:
-        return None
-    return float(np.interp(kl, [c[0] for c in curve], [c[1] for c in curve]))
-
-
 def frontier_interpolation(
     points: list[dict], a: str, b: str, n_boot: int = 10_000, seed: int = 0
 ) -> list[dict]:
     """At each of ``b``'s points, ``a``'s held-out gold linearly interpolated at ``b``'s held-out KL_ref on
     the seed-mean curve of ``a`` (only inside ``a``'s KL range): a positive difference = ``a``'s frontier
     above. The 95% interval resamples the seeds of every point with replacement (percentile bootstrap;
-    resamples whose KL falls outside ``a``'s range are dropped, and ``inside`` says what share was kept)."""
-    mine = [p for p in points if p["method"] == a and p["n"] > 0]
-    curve = [(p["kl_ref"][0], p["gold"][0]) for p in mine]
+    resamples whose KL falls outside ``a``'s range are dropped, and ``inside`` says what share was kept):
+    `rgpo_lab.statistics.matched_difference`, one random stream over ``b``'s points."""
+    curve = [(p["kl_ref_values"], p["gold_values"]) for p in points if p["method"] == a and p["n"] > 0]
     rng = np.random.default_rng(seed)
-
-    def resampled(p: dict) -> tuple[np.ndarray, np.ndarray]:
-        """n_boot seed-mean (KL_ref, gold) pairs of a point, its seeds drawn with replacement."""
-        kl, gold = np.asarray(p["kl_ref_values"], float), np.asarray(p["gold_values"], float)
-        idx = rng.integers(0, len(kl), size=(n_boot, len(kl)))
-        return kl[idx].mean(1), gold[idx].mean(1)
-
     out = []
     for p in (p for p in points if p["method"] == b and p["n"] > 0):
-        kl, gold = p["kl_ref"][0], p["gold"][0]
-        other = _interpolate(curve, kl)
-        difference = None if other is None else other - gold
-        row = {"at": b, "value": p["value"], "n": p["n"], "kl_ref": kl, "gold": gold, "interpolated": other}
-        row |= {"difference": difference, "low": None, "high": None, "inside": 0.0}
-        if other is not None and all(q["n"] >= 2 for q in [*mine, p]):
-            curves = [resampled(q) for q in mine]
-            b_kl, b_gold = resampled(p)
-            diffs = [
-                g - b_gold[i]
-                for i in range(n_boot)
-                if (g := _interpolate([(c[0][i], c[1][i]) for c in curves], b_kl[i])) is not None
-            ]
-            row["inside"] = len(diffs) / n_boot
-            if diffs:
-                row["low"], row["high"] = (float(x) for x in np.percentile(diffs, [2.5, 97.5]))
+        m = matched_difference(curve, (p["kl_ref_values"], p["gold_values"]), rng, n_boot)
+        row = {"at": b, "value": p["value"], "n": p["n"], "kl_ref": m.x, "gold": m.y}
+        row |= {"interpolated": m.interpolated, "difference": m.difference}
+        row |= {"low": m.low, "high": m.high, "inside": m.inside}
         out.append(row)
     return out
 

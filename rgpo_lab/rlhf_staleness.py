@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rgpo_lab.rlhf_suite import STALE_ASYNC, STALE_STEPS, STALE_SYNC, STALENESS_RULE
-from rgpo_lab.statistics import change_difference_test, holm, mean_std, welch
+from rgpo_lab.statistics import change_difference_test, holm, matched_difference, mean_std, welch
 
 STUDIES = {"stale_sync": ("S", STALE_SYNC), "stale_async": ("L", STALE_ASYNC)}
 ALPHA = 0.05
@@ -38,6 +38,8 @@ WINDOW_METRICS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "kl_old": (("behaviour/kl_old", "rgpo/kl_old"), np.mean),
     "kl_coef": (("rgpo/kl_coef",), np.mean),
     "rejected_frac": (("rgpo/rejected_frac",), np.mean),
+    # the gate on r_old alone: rgpo's dual gate logs it apart, rgpo_old's gate is that gate
+    "rejected_old": (("rgpo/rejected_frac_old", "rgpo/rejected_frac"), np.mean),
     "clip_frac": (("clip_ratio/region_mean", "cispo_clip_ratio"), np.mean),
     "staleness": (("staleness/mean", "sample/staleness_mean"), np.mean),
 }
@@ -94,49 +96,22 @@ def _values(points: list[dict], method: str, level: int, key: str = "gold") -> l
     return []
 
 
-def _interpolate(curve: list[tuple[float, float]], kl: float) -> float | None:
-    curve = sorted(curve)
-    if len(curve) < 2 or not curve[0][0] <= kl <= curve[-1][0]:
-        return None
-    return float(np.interp(kl, [c[0] for c in curve], [c[1] for c in curve]))
-
-
 def matched_kl(points: list[dict], other: str, level: int, n_boot: int = 10_000, seed: int = 0) -> dict:
     """Rule C: RGPO's seed-mean test gold, interpolated along its (KL_ref, gold) curve over the suite's
     levels, at ``other``'s KL_ref at ``level``, minus ``other``'s gold there; 95% percentile interval with the
-    seeds of every point resampled (resamples outside RGPO's KL range dropped; ``inside`` = the share
-    kept)."""
-    mine = [p for p in points if p["method"] == "rgpo" and p["n"] > 0]
+    seeds of every point resampled (resamples outside RGPO's KL range dropped; ``inside`` = the share kept):
+    the frontier rule, `rgpo_lab.statistics.matched_difference`."""
+    curve = [(p["kl_ref_values"], p["gold_values"]) for p in points if p["method"] == "rgpo" and p["n"] > 0]
     theirs = next((p for p in points if p["method"] == other and p["level"] == level and p["n"] > 0), None)
     row = {"method": other, "level": level, "kl_ref": None, "gold": None, "rgpo_gold": None}
     row |= {"difference": None, "low": None, "high": None, "inside": 0.0}
     if theirs is None:
         return row
-    kl, gold = theirs["kl_ref"].mean, theirs["gold"].mean
-    rgpo_gold = _interpolate([(p["kl_ref"].mean, p["gold"].mean) for p in mine], kl)
-    row |= {"kl_ref": kl, "gold": gold, "rgpo_gold": rgpo_gold}
-    if rgpo_gold is None:
-        return row
-    row["difference"] = rgpo_gold - gold
-    if not all(p["n"] >= 2 for p in [*mine, theirs]):
-        return row
-    rng = np.random.default_rng(seed)
-
-    def resampled(p: dict) -> tuple[np.ndarray, np.ndarray]:
-        k, g = np.asarray(p["kl_ref_values"], float), np.asarray(p["gold_values"], float)
-        idx = rng.integers(0, len(k), size=(n_boot, len(k)))
-        return k[idx].mean(1), g[idx].mean(1)
-
-    curves = [resampled(p) for p in mine]
-    t_kl, t_gold = resampled(theirs)
-    diffs = []
-    for i in range(n_boot):
-        g = _interpolate([(c[0][i], c[1][i]) for c in curves], t_kl[i])
-        if g is not None:
-            diffs.append(g - t_gold[i])
-    row["inside"] = len(diffs) / n_boot
-    if diffs:
-        row["low"], row["high"] = (float(x) for x in np.percentile(diffs, [2.5, 97.5]))
+    m = matched_difference(
+        curve, (theirs["kl_ref_values"], theirs["gold_values"]), np.random.default_rng(seed), n_boot
+    )
+    row |= {"kl_ref": m.x, "gold": m.y, "rgpo_gold": m.interpolated, "difference": m.difference}
+    row |= {"low": m.low, "high": m.high, "inside": m.inside}
     return row
 
 
@@ -167,14 +142,20 @@ def staleness_tests(points: list[dict], suite: str) -> list[dict]:
     own = welch(_values(points, "rgpo", stale), _values(points, "rgpo", fresh))
     rgpo_change = {"method": "rgpo", "b_change": own.diff, "b_low": own.low, "b_high": own.high, "b_p": own.p}
     for key in ("a_p", "b_diff_p"):
-        for row, adjusted in zip(rows, holm([r[key] for r in rows]), strict=True):
-            row[f"{key}_holm"] = adjusted
-    change_family = [*rows, rgpo_change]
-    for row, adjusted in zip(change_family, holm([r["b_p"] for r in change_family]), strict=True):
-        row["b_p_holm"] = adjusted
+        _holm_over_the_family(rows, key)
+    _holm_over_the_family([*rows, rgpo_change], "b_p")
     for row in rows:
         row["verdict"] = verdict(row)
     return [*rows, rgpo_change]
+
+
+def _holm_over_the_family(rows: list[dict], key: str) -> None:
+    """Holm over every method the rule names, not only those with runs yet: a test that cannot be made yet
+    counts as p = 1 (so the others get the adjustment of the complete family) and stays untested (nan)."""
+    p = [r[key] for r in rows]
+    adjusted = holm([x if np.isfinite(x) else 1.0 for x in p])
+    for row, x, a in zip(rows, p, adjusted, strict=True):
+        row[f"{key}_holm"] = a if np.isfinite(x) else float("nan")
 
 
 def verdict(row: dict) -> str:
@@ -220,11 +201,13 @@ def staleness_markdown(suite: str, points: list[dict], tests: list[dict]) -> str
         f"{STALE_STEPS} optimizer steps of 16 completions at every level; held-out = 64 test prompts x 4 "
         "samples after training; window = optimizer steps 305-400 (r_b max: the window's largest). "
         "'n/a': the method does not log it (r_b max and shares: TRL's AsyncGRPOTrainer logs only the mean "
-        "ratio; clip fraction: RGPO and SAPO do not clip; kl_coef and the rejected fraction are RGPO's).",
+        "ratio; clip fraction: RGPO and SAPO do not clip; kl_coef and the rejected fraction are RGPO's; "
+        "staleness seen: weight versions behind, per trained token for RGPO, TRL's per dequeued sample for "
+        "GRPO).",
         "",
         f"| method | {letter} | n | test gold | test KL_ref | test proxy | r_b mean | r_b max | "
         "r_b beyond 1.2 | r_b beyond 2 | KLhat_old | kl_coef | rejected | clip / truncated |"
-        + (" staleness seen |" if suite == "stale_async" else ""),
+        + (" staleness seen (versions) |" if suite == "stale_async" else ""),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         + ("---|" if suite == "stale_async" else ""),
     ]
@@ -268,24 +251,35 @@ def staleness_markdown(suite: str, points: list[dict], tests: list[dict]) -> str
 
 
 def gate_acted(points: list[dict], suite: str) -> str:
-    """Did RGPO's gate against pi_old act at the stalest level: its rejected fraction, kl_coef against the
-    floor, and how far r_b moved (numbers, no test)."""
+    """Which of RGPO's mechanisms against pi_old acted, freshest level against stalest (numbers, no test):
+    the share of tokens the gate on r_old alone rejects (for ``rgpo``, whose gate is dual, the part of its
+    rejections the ratio to pi_old accounts for; the pi/pi_ref side is not counted), the KL-to-old
+    controller's kl_coef against its floor, and how far r_b moved."""
     from rgpo_trl.core import PAPER_KL_DEFAULTS
 
-    _, spec = STUDIES[suite]
-    stale = list(spec["levels"])[-1]
+    letter, spec = STUDIES[suite]
+    fresh, stale = list(spec["levels"])[0], list(spec["levels"])[-1]
     floor = PAPER_KL_DEFAULTS["kl_coef_min"]
     out = []
     for m in ("rgpo", "rgpo_old"):
-        p = next((q for q in points if q["method"] == m and q["level"] == stale and q["n"] > 0), None)
-        if p is None:
+        at = {
+            q["level"]: q for q in points if q["method"] == m and q["level"] in (fresh, stale) and q["n"] > 0
+        }
+        if stale not in at:
             continue
-        acted = p["rejected_frac"].mean > 0 or p["kl_coef"].mean > floor * 1.01
+        p, f = at[stale], at.get(fresh)
+
+        def then(key: str, f: dict | None = f) -> str:
+            return f" ({letter} = {fresh}: {_cell(f[key])})" if f else ""
+
+        rejected, coef = p["rejected_old"], p["kl_coef"]
+        gate = "rejected tokens" if rejected.n and rejected.mean > 0 else "rejected no token"
+        controller = "left its floor" if coef.n and coef.mean > floor * 1.01 else "stayed at its floor"
         out.append(
-            f"{m} at the stalest level: rejected fraction {_cell(p['rejected_frac'])}, kl_coef "
-            f"{_cell(p['kl_coef'])} (floor {floor:g}), r_b beyond 1.2 {_cell(p['r_beyond_1.2'])}, beyond 2 "
-            f"{_cell(p['r_beyond_2'])}, largest r_b {_cell(p['r_max'])}: the gate against pi_old "
-            + ("acted." if acted else "did not act (no rejected tokens, the controller at its floor).")
+            f"{m} at {letter} = {stale}: the gate on r_old {gate} (share {_cell(rejected)}"
+            f"{then('rejected_old')}); the KL-to-old controller {controller} (kl_coef {_cell(coef)}"
+            f"{then('kl_coef')}, floor {floor:g}); r_b beyond 1.2 {_cell(p['r_beyond_1.2'])}"
+            f"{then('r_beyond_1.2')}, beyond 2 {_cell(p['r_beyond_2'])}, largest {_cell(p['r_max'])}."
         )
     return " ".join(out)
 

@@ -202,7 +202,7 @@ TUNE_RATES_V3 = {**{m: TUNE_RATES[m] for m in ONLINE}, "cispo": TUNE_RATES["rgpo
 #   the step that trains version v come from version v - L); L starts at 1 because TRL's loader reads one
 #   micro-batch ahead (the freshest asynchronous setting; S = 1 of stale_sync is the synchronous, on-policy
 #   one); max_staleness max(4, L).
-STALE_STEPS, STALE_WINDOW_START = 400, 304
+STALE_STEPS, STALE_WINDOW_START, STALE_SAVE_STEPS = 400, 304, 80  # 80: a multiple of every S
 STALE_SYNC = {
     "methods": ("rgpo", "rgpo_old", "grpo", "cispo", "sapo"),
     "levels": {1: (1, 2, 3), 4: (1, 2, 3), 16: (1, 2, 3, 4, 5)},
@@ -251,6 +251,10 @@ def _stale_sync(results: str) -> list[RLHFRun]:
             str(s),
             "--num_rl_iterations",
             str(iterations),
+            # checkpoints at generation-batch boundaries of every S: TRL regenerates after a resume, so a
+            # checkpoint inside a batch would give a resumed run other samples than an uninterrupted one
+            "--save_steps",
+            str(STALE_SAVE_STEPS),
         )
         for seed in seeds:
             for m in STALE_SYNC["methods"]:

@@ -161,10 +161,8 @@ def ratio_difference_test(
     means = [np.array([x[rng.integers(0, len(x), len(x))].mean() for _ in range(n_boot)]) for x in xs]
     with np.errstate(divide="ignore", invalid="ignore"):
         diffs = means[1] / means[0] - means[3] / means[2]
-    diffs = diffs[np.isfinite(diffs)]
-    p = min(1.0, 2 * min(float((diffs <= 0).mean()), float((diffs >= 0).mean())))
-    low, high = np.percentile(diffs, [2.5, 97.5])
-    return RatioTest(float(ra), float(rb), float(ra - rb), float(low), float(high), p)
+    low, high, p = _percentile_interval_and_p(diffs[np.isfinite(diffs)])
+    return RatioTest(float(ra), float(rb), float(ra - rb), low, high, p)
 
 
 class ChangeTest(NamedTuple):
@@ -191,7 +189,70 @@ def change_difference_test(
         return ChangeTest(float(ca), float(cb), float(ca - cb), nan, nan, nan)
     rng = np.random.default_rng(seed)
     means = [x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(1) for x in xs]
-    diffs = (means[1] - means[0]) - (means[3] - means[2])
+    low, high, p = _percentile_interval_and_p((means[1] - means[0]) - (means[3] - means[2]))
+    return ChangeTest(float(ca), float(cb), float(ca - cb), low, high, p)
+
+
+def _percentile_interval_and_p(diffs: np.ndarray) -> tuple[float, float, float]:
+    """The 95% percentile interval of bootstrap differences and the two-sided p: twice the smaller tail at
+    0."""
     p = min(1.0, 2 * min(float((diffs <= 0).mean()), float((diffs >= 0).mean())))
     low, high = np.percentile(diffs, [2.5, 97.5])
-    return ChangeTest(float(ca), float(cb), float(ca - cb), float(low), float(high), p)
+    return float(low), float(high), p
+
+
+def interpolate(curve: Sequence[tuple[float, float]], x: float) -> float | None:
+    """y on the piecewise-linear ``curve`` [(x, y), ...] at ``x``; None outside its x range."""
+    curve = sorted(curve)
+    if len(curve) < 2 or not curve[0][0] <= x <= curve[-1][0]:
+        return None
+    return float(np.interp(x, [c[0] for c in curve], [c[1] for c in curve]))
+
+
+class MatchedDifference(NamedTuple):
+    x: float  # the point's mean x (e.g. KL_ref)
+    y: float  # the point's mean y (e.g. gold)
+    interpolated: float | None  # the curve's y at x; None outside its x range
+    difference: float | None  # interpolated - y
+    low: float | None  # 95% percentile-bootstrap interval of the difference
+    high: float | None
+    inside: float  # share of the resamples whose x fell inside the curve's range
+
+
+def matched_difference(
+    curve: Sequence[tuple[Sequence[float], Sequence[float]]],
+    point: tuple[Sequence[float], Sequence[float]],
+    rng: np.random.Generator,
+    n_boot: int = 10_000,
+) -> MatchedDifference:
+    """A curve against a point at the point's x (a comparison at matched KL, say): the curve through its
+    points' seed means of (x, y), interpolated at the point's seed-mean x, minus the point's mean y. Every
+    point is given as its per-seed (x values, y values). The interval resamples the seeds of every point with
+    replacement (``rng``, points in the curve's order, then the point); resamples whose x falls outside the
+    curve's range are dropped. No interval unless every point has 2 seeds or more."""
+
+    def mean(values) -> float:
+        return float(np.mean(np.asarray(values, float)))
+
+    x, y = mean(point[0]), mean(point[1])
+    interpolated = interpolate([(mean(cx), mean(cy)) for cx, cy in curve], x)
+    difference = None if interpolated is None else interpolated - y
+    if interpolated is None or not all(len(v[0]) >= 2 for v in [*curve, point]):
+        return MatchedDifference(x, y, interpolated, difference, None, None, 0.0)
+
+    def resampled(v) -> tuple[np.ndarray, np.ndarray]:
+        vx, vy = np.asarray(v[0], float), np.asarray(v[1], float)
+        idx = rng.integers(0, len(vx), size=(n_boot, len(vx)))
+        return vx[idx].mean(1), vy[idx].mean(1)
+
+    curves = [resampled(c) for c in curve]
+    px, py = resampled(point)
+    diffs = [
+        g - py[i]
+        for i in range(n_boot)
+        if (g := interpolate([(c[0][i], c[1][i]) for c in curves], px[i])) is not None
+    ]
+    if not diffs:
+        return MatchedDifference(x, y, interpolated, difference, None, None, 0.0)
+    low, high = (float(v) for v in np.percentile(diffs, [2.5, 97.5]))
+    return MatchedDifference(x, y, interpolated, difference, low, high, len(diffs) / n_boot)

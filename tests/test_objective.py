@@ -415,6 +415,8 @@ def _closed_form_diagnostics(logps, old, ref, mask, k, ratio_mode, sequence_leve
     out["ess"] = out["weight_mean"] ** 2 / out["weight_sq_mean"]
     if ratio_mode == "dual":
         out["ref_ratio_larger_frac"] = mean((g_ref > g_old).double())
+        # the gate on the token-level r_old alone
+        out["rejected_frac_old"] = mean((1.0 / (1.0 + torch.exp(-k * (r_old - 1.0))) < 0.1).double())
     return out
 
 

@@ -61,10 +61,20 @@ def test_staleness_tests_follow_the_reading_rule(study):
         m: stats.ttest_ind(GOLD[("rgpo", 16)], GOLD[(m, 16)], equal_var=False).pvalue
         for m in ("grpo", "cispo")
     }
-    adjusted = dict(zip(p, holm(list(p.values())), strict=True))
+    # Holm over the rule's whole family (rgpo_old, grpo, cispo, sapo): the two not yet testable count as p = 1
+    adjusted = dict(zip(p, holm([*p.values(), 1.0, 1.0])[:2], strict=True))
     for m in ("grpo", "cispo"):
         assert tests[m]["a_p"] == pytest.approx(p[m]) and tests[m]["a_p_holm"] == pytest.approx(adjusted[m])
-    assert np.isnan(tests["sapo"]["a_p"]) and tests["sapo"]["verdict"].startswith("undecided")
+    assert adjusted["grpo"] == pytest.approx(4 * p["grpo"])  # the smallest of 4
+    assert np.isnan(tests["sapo"]["a_p"]) and np.isnan(tests["sapo"]["a_p_holm"])
+    assert tests["sapo"]["verdict"].startswith("undecided")
+    # B's change family: every method's Welch change, RGPO's own included (5 methods), Holm over all of them
+    changes = {
+        m: stats.ttest_ind(GOLD[(m, 16)], GOLD[(m, 1)], equal_var=False).pvalue for m in ("rgpo", "grpo")
+    }
+    b_adjusted = holm([1.0, changes["grpo"], 1.0, 1.0, changes["rgpo"]])  # rgpo_old grpo cispo sapo rgpo
+    assert tests["grpo"]["b_p_holm"] == pytest.approx(b_adjusted[1])
+    assert tests["rgpo"]["b_p_holm"] == pytest.approx(b_adjusted[4])
     # B: grpo's change from S = 1 to 16, and RGPO's change minus grpo's (a difference of differences)
     change = np.mean(GOLD[("grpo", 16)]) - np.mean(GOLD[("grpo", 1)])
     assert tests["grpo"]["b_change"] == pytest.approx(change)
@@ -99,7 +109,9 @@ def test_window_metrics_and_the_section(study):
     assert "## Stale samples (staleness study)" in text and "stale samples" in text.splitlines()[0]
     assert "| sapo | 16 | 0 | not run | not run |" in text
     assert "Runs finished: 21 of 55." in text
-    assert "did not act" in text  # rejected fraction 0, kl_coef at its floor
+    # the gate on r_old rejected nothing and the controller sat at its floor
+    assert "rgpo at S = 16: the gate on r_old rejected no token" in text
+    assert "the KL-to-old controller stayed at its floor" in text
     data = json.load(open(study / "report" / "studies.json"))
     assert {t["method"] for t in data["staleness"]["stale_sync"]["tests"]} == {
         "rgpo_old",
@@ -110,3 +122,63 @@ def test_window_metrics_and_the_section(study):
     }
     for name in ("stale_sync.png", "stale_sync_per_step.png"):
         assert (study / "report" / name).stat().st_size > 0
+
+
+def _row(a_diff, a_p_holm, low, high, method="grpo"):
+    return {"method": method, "a_diff": a_diff, "a_p_holm": a_p_holm, "c": {"low": low, "high": high}}
+
+
+def test_the_verdict_words_of_the_rule():
+    v = rlhf_staleness.verdict
+    assert v(_row(+0.3, 0.01, 0.1, 0.5)) == "RGPO is more robust to staleness than grpo"
+    assert v(_row(-0.3, 0.01, -0.5, -0.1)) == "grpo is more robust to staleness than RGPO"
+    assert v(_row(+0.1, 0.40, -0.2, 0.3)) == "no difference"
+    # A significant but C's interval contains 0, or A not significant but C excludes 0: undecided
+    assert v(_row(+0.3, 0.01, -0.1, 0.5)) == "undecided"
+    assert v(_row(+0.1, 0.40, 0.1, 0.3)) == "undecided"
+    assert v(_row(+0.1, float("nan"), 0.1, 0.3)).startswith("undecided")
+    assert v(_row(+0.3, 0.01, None, None)) == "undecided (no matched-KL interval)"
+
+
+def test_async_runs_read_the_async_trainers_keys(tmp_path):
+    """AsyncRGPOTrainer logs r_b as rgpo/ratio_old_*, the staleness per trained token and the gate on r_old
+    apart (dual); TRL's AsyncGRPOTrainer only the mean ratio and its k3 KL to the behaviour policy."""
+    for m in ("rgpo", "grpo"):
+        d = tmp_path / "stale_async" / f"{m}__L8__s1"
+        d.mkdir(parents=True)
+        rows = []
+        for step in range(1, 401):
+            row = {"iteration": step, "step": step}
+            if m == "rgpo":
+                row |= {"rgpo/ratio_old_mean": 1.01, "rgpo/ratio_old_max": 2.0 + step / 400}
+                row |= {
+                    "rgpo/ratio_old_beyond_1.2": 0.05,
+                    "rgpo/ratio_old_beyond_2": 0.01,
+                    "rgpo/kl_old": 0.002,
+                }
+                row |= {"rgpo/rejected_frac": 0.03, "rgpo/rejected_frac_old": 0.01, "rgpo/kl_coef": 0.4}
+                row |= {"staleness/mean": 8.0, "sample/staleness_mean": 7.0}
+            else:
+                row |= {
+                    "ratio": 1.02,
+                    "kl": 0.003,
+                    "clip_ratio/region_mean": 0.1,
+                    "sample/staleness_mean": 7.0,
+                }
+            rows.append(row)
+        (d / "summary.json").write_text(json.dumps({"window": [304, 400]}))
+        (d / "heldout.json").write_text(json.dumps({"gold": 1.0, "kl_ref": 0.1, "reward": 1.0}))
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = rlhf_report.load(str(tmp_path / "stale_async"))
+    points = {p["method"]: p for p in rlhf_staleness.staleness_points(runs, "stale_async") if p["level"] == 8}
+    rgpo, grpo = points["rgpo"], points["grpo"]
+    assert rgpo["r_mean"].mean == pytest.approx(1.01) and rgpo["r_max"].mean == pytest.approx(3.0)
+    assert rgpo["r_beyond_1.2"].mean == pytest.approx(0.05) and rgpo["kl_old"].mean == pytest.approx(0.002)
+    assert rgpo["rejected_old"].mean == pytest.approx(0.01)  # the r_old gate's share, not the dual gate's
+    assert rgpo["staleness"].mean == pytest.approx(8.0)  # the trained tokens' own
+    assert grpo["r_mean"].mean == pytest.approx(1.02) and grpo["kl_old"].mean == pytest.approx(0.003)
+    assert grpo["r_max"].n == 0 and grpo["staleness"].mean == pytest.approx(7.0)
+    assert grpo["clip_frac"].mean == pytest.approx(0.1)
+    text = rlhf_staleness.gate_acted(list(points.values()), "stale_async")
+    assert "rgpo at L = 8: the gate on r_old rejected tokens (share 0.010)" in text
+    assert "the KL-to-old controller left its floor (kl_coef 0.400" in text

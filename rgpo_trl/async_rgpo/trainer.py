@@ -280,6 +280,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             sums["rgpo/ratio_ref_mean"] = e["ratio_ref"].double()
         if "ref_ratio_larger" in e:
             sums["rgpo/ref_ratio_larger_frac"] = e["ref_ratio_larger"].double()
+            sums["rgpo/rejected_frac_old"] = e["rejected_old"].double()
         buckets = [staleness == 0, staleness == 1, staleness >= 2]
         for name, in_bucket in zip(STALENESS_BUCKETS, buckets, strict=True):
             sums[f"rgpo/rejected_frac_staleness{name}"] = rejected * in_bucket

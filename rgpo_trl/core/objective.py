@@ -187,9 +187,11 @@ def per_element_diagnostics(lr: LogRatios, gate: Gate) -> dict[str, torch.Tensor
 
     Keys (detached, in the log-ratios' dtype): ``gate`` g(r), ``weight`` w = g'(r) r, ``weight_sq`` w^2,
     ``rejected`` (1 where g < 0.1), ``kl_old`` (r_old - 1 - log r_old), ``ratio_old``; with a reference
-    ``kl_ref`` (k3) and ``ratio_ref``; in dual mode ``ref_ratio_larger``. ``gate``, ``weight``, ``weight_sq``,
-    ``rejected`` and ``ref_ratio_larger`` have the shape of ``lr.gated`` (one per sequence with a
-    sequence-level ratio, broadcast against the token mask by the reductions), the others that of ``lr.old``.
+    ``kl_ref`` (k3) and ``ratio_ref``; in dual mode ``ref_ratio_larger`` and ``rejected_old`` (1 where the
+    gate on r_old alone is below 0.1: which of the dual gate's rejections the ratio to pi_old would make).
+    ``gate``, ``weight``, ``weight_sq``, ``rejected`` and ``ref_ratio_larger`` have the shape of ``lr.gated``
+    (one per sequence with a sequence-level ratio, broadcast against the token mask by the reductions), the
+    others that of ``lr.old``.
     """
     g, w = gate.g(lr.gated), gate.w(lr.gated)
     out = {
@@ -205,6 +207,7 @@ def per_element_diagnostics(lr: LogRatios, gate: Gate) -> dict[str, torch.Tensor
         out["ratio_ref"] = torch.exp(lr.ref)
     if lr.ref_is_larger is not None:
         out["ref_ratio_larger"] = lr.ref_is_larger.to(g.dtype)
+        out["rejected_old"] = (gate.g(lr.old) < 0.1).to(g.dtype)
     return out
 
 
@@ -232,6 +235,7 @@ def log_ratio_diagnostics(
         out["ratio_ref_max"] = masked_max(e["ratio_ref"], mask, dim)
     if "ref_ratio_larger" in e:
         out["ref_ratio_larger_frac"] = masked_mean(e["ref_ratio_larger"], mask, dim)
+        out["rejected_frac_old"] = masked_mean(e["rejected_old"], mask, dim)
     return out
 
 

@@ -15,7 +15,12 @@ the completion tokens of all processes:
 - ``behaviour/kl_old``: KLhat(pi_behaviour || pi_theta) = mean(r_b - 1 - log r_b), RGPO's k3 estimator.
 
 Without ``old_per_token_logps`` in the batch (one step per generation batch: TRL skips them because the
-behaviour policy is the current one) r_b = 1 exactly.
+behaviour policy is the current one) r_b = 1 exactly. pi_behaviour is ``old_per_token_logps``, the policy that
+generated as the trainer scores it; with vLLM the sampler's own log-probs differ from it by the inference
+mismatch, which TRL corrects separately and which is not staleness. The tokens are the loss's (the completion
+mask, times the tool mask where there is one). Each loss call appends once and TRL's logging averages a
+step's calls, so with gradient accumulation ``ratio_max`` is the mean of the micro-batches' maxima and the
+others unweighted means over them (the staleness study runs one micro-batch per step).
 """
 
 from __future__ import annotations
@@ -55,7 +60,10 @@ class BehaviourRatioMonitor:
     @torch.no_grad()
     def _log_behaviour_ratio(self, logps: torch.Tensor, inputs: dict[str, Any]) -> None:
         mode = "train" if self.model.training else "eval"
-        stats = behaviour_ratio_sums(logps, inputs.get("old_per_token_logps"), inputs["completion_mask"])
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:  # the tokens the loss trains on, as GRPOTrainer's _compute_loss
+            mask = mask * inputs["tool_mask"]
+        stats = behaviour_ratio_sums(logps, inputs.get("old_per_token_logps"), mask)
         sums = self.accelerator.reduce(stats["sums"], reduction="sum")
         ratio_max = self.accelerator.gather(stats["max"].reshape(1)).max()
         tokens = sums[-1].clamp(min=1.0)

@@ -72,7 +72,8 @@ class RGPOTrainer(GRPOTrainer):
     Extra metrics (``rgpo/...``, next to TRL's ``kl`` and ``entropy``): ``gate_mean``, ``rejected_frac``
     (share of tokens with g < 0.1), ``weight_mean`` (w = g'(r) r), ``ess``, ``kl_old`` (KLhat_old),
     ``kl_coef`` (the KL-to-old coefficient), ``ratio_old_mean/max``, ``ratio_ref_mean/max``, in dual mode
-    ``ref_ratio_larger_frac``, and once per iteration ``kl_old_iteration`` (the controller's input).
+    ``ref_ratio_larger_frac`` and ``rejected_frac_old`` (the gate on r_old alone), and once per iteration
+    ``kl_old_iteration`` (the controller's input).
     """
 
     _tag_names = ["trl", "rgpo"]
