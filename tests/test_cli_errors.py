@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
-def _run(args, cwd):
+def _run(args, cwd, env=ENV):
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, env=ENV, timeout=300
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
     )
 
 
@@ -71,11 +71,27 @@ def test_mujoco_script_help_rounding_notice_and_closing_line(tmp_path):
         (["--config", "nope.yaml"], "config file 'nope.yaml' not found"),
         (["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--method", "foo"], "method must be one of"),
         (["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--gate", "nope"], "gate must be one of"),
+        # the hyphen spelling is read before the hub check: the path given is checked, not the preset's id
+        (
+            ["--config", "recipes/configs/hh_rlhf_paper.yaml", "--model-name-or-path", "/nonexistent/rv"],
+            "Local model path '/nonexistent/rv' does not exist",
+        ),
+        # an abbreviation is refused, not left out of the hub check and expanded by the parser
+        (
+            [
+                "--config",
+                "recipes/configs/hh_rlhf_tiny.yaml",
+                "--reward_model_name",
+                "OpenAssistant/reward-model-deberta-v3-large-v2",
+            ],
+            "--reward_model_name: options must be given in full (did you mean --reward_model_name_or_path?)",
+        ),
     ],
 )
 def test_recipe_bad_input_is_one_line(flags, needle, tmp_path):
     out = tmp_path / "out"
-    r = _run([str(ROOT / "recipes" / "hh_rlhf_qwen.py"), *flags, "--output_dir", str(out)], ROOT)
+    offline = {**ENV, "HF_HUB_OFFLINE": "1"}  # a hub id is refused at once, not after a network probe
+    r = _run([str(ROOT / "recipes" / "hh_rlhf_qwen.py"), *flags, "--output_dir", str(out)], ROOT, offline)
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr

@@ -4,6 +4,7 @@ recipe_evaluation, runtime), without training: what they decide from the argumen
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -212,8 +213,7 @@ def test_one_trl_parser_pass_for_every_kind_of_method(monkeypatch):
 
 def test_early_settings_read_the_yaml_under_the_command_line(tmp_path):
     """The method and trainer that pick the config class are read as TrlParser reads every field: the YAML
-    over the defaults, the command line over the YAML; an abbreviated --method, which argparse would expand
-    for the parser but not for the early read, is refused."""
+    over the defaults, the command line over the YAML; an abbreviated --method is refused."""
     preset = tmp_path / "hh_rlhf_mine.yaml"
     preset.write_text(Path(TINY).read_text() + "\nmethod: grpo\n")
     early = read_early_settings(["--config", str(preset)])
@@ -225,7 +225,9 @@ def test_early_settings_read_the_yaml_under_the_command_line(tmp_path):
     script, train, _ = parse_recipe_args(["--config", str(preset)], check_hub=False)
     assert script.method == "grpo" and type(train).__name__ == "GRPOConfig"
     assert train.output_dir == "runs/hh_rlhf_qwen/mine-grpo"
-    with pytest.raises(UsageError, match="--method and --trainer must be given in full"):
+    with pytest.raises(
+        UsageError, match=re.escape("--metho: options must be given in full (did you mean --method?)")
+    ):
         parse_recipe_args(["--config", TINY, "--metho", "grpo"], check_hub=False)
     for flags, needle in (
         (["--trainer", "later"], "trainer must be 'sync' or 'async', got 'later'"),
@@ -239,3 +241,85 @@ def test_early_settings_read_the_yaml_under_the_command_line(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(UsageError, match="must contain a YAML mapping"):
         parse_recipe_args(["--config", str(bad)], check_hub=False)
+
+
+PAPER = str(ROOT / "recipes" / "configs" / "hh_rlhf_paper.yaml")
+ON_CPU = ["--use_cpu", "true", "--bf16", "false"]  # the paper preset's config built without a GPU
+
+
+@pytest.fixture
+def hub_checks(monkeypatch):
+    """The (id, kind) pairs `parse_recipe_args` checks on the hub, recorded instead of checked."""
+    checked = []
+    monkeypatch.setattr(
+        "rgpo_trl.rlhf.parsing.ensure_loadable", lambda name, kind: checked.append((name, kind))
+    )
+    return checked
+
+
+def test_the_early_settings_are_read_in_either_spelling_and_the_given_hub_ids_checked(tmp_path, hub_checks):
+    """TrlParser takes ``--model-name-or-path`` as ``--model_name_or_path``; so does the early read, so the
+    hub check sees the paths given, not the preset's hub ids (offline, those were refused)."""
+    local = str(tmp_path)
+    argv = ["--config", PAPER, "--model-name-or-path", local, "--reward-model-name-or-path", local]
+    argv += ["--dataset-name", str(tmp_path / "x.jsonl"), "--method=grpo", *ON_CPU]
+    early = read_early_settings(argv)
+    assert (early.method, early.model_name_or_path, early.reward_model_name_or_path) == ("grpo", local, local)
+    assert early.dataset_name == str(tmp_path / "x.jsonl")
+    script, train, model = parse_recipe_args(argv)
+    assert hub_checks == [(local, "model"), (local, "model")]  # a .jsonl dataset is a file, not a hub id
+    assert (script.method, type(train).__name__, model.model_name_or_path) == ("grpo", "GRPOConfig", local)
+    assert (script.reward_model_name_or_path, script.dataset_name) == (local, str(tmp_path / "x.jsonl"))
+    assert read_early_settings(["--config", TINY, "--trainer", "async"]).trainer == "async"
+
+
+@pytest.mark.parametrize(
+    "flags,meant",
+    [
+        (
+            ["--reward_model_name", "OpenAssistant/reward-model-deberta-v3-large-v2"],
+            "--reward_model_name_or_path",
+        ),
+        (["--reward-model-name=x"], "--reward-model-name-or-path"),
+        (["--dataset", "Anthropic/hh-rlhf"], "--dataset_name"),
+        (["--metho", "dpo"], "--method"),
+    ],
+)
+def test_an_abbreviated_early_setting_is_refused_before_the_hub_check(flags, meant, hub_checks):
+    """argparse would expand an abbreviation in the full parse but not in the early read, which then checked
+    the preset's hub id (or picked the config class) while the run used the one given: refused, naming the
+    option, before the hub check."""
+    with pytest.raises(UsageError, match=re.escape(f"options must be given in full (did you mean {meant}")):
+        parse_recipe_args(["--config", PAPER, *flags, *ON_CPU])
+    assert hub_checks == []
+
+
+@pytest.mark.parametrize(
+    "flags,meant",
+    [
+        (["--learning_rat", "1e-5"], "--learning_rate"),
+        (["--method", "dpo", "--learning_rat", "1e-5"], "--learning_rate"),  # offline: not a leftover setting
+        (["--trainer", "async", "--max_stale", "2"], "--max_staleness"),
+        (["--use_pef"], "--use_peft"),
+    ],
+)
+def test_any_abbreviated_option_is_refused_naming_the_option(flags, meant):
+    with pytest.raises(UsageError, match=re.escape(f"options must be given in full (did you mean {meant}")):
+        parse_recipe_args(["--config", TINY, *flags], check_hub=False)
+
+
+def test_no_option_of_any_methods_parser_abbreviates_an_early_setting():
+    """The early read refuses an option that abbreviates one of its six settings without knowing the method's
+    parser: right only while no option of any method's parser is such a prefix."""
+    from rgpo_trl.rlhf.async_methods import ASYNC_METHODS
+    from rgpo_trl.rlhf.methods import RLHF_METHODS
+
+    parsers = [make_recipe_parser(m.config_class) for m in RLHF_METHODS.values()]
+    parsers += [
+        make_recipe_parser(m.config_class, model_config_without({"dtype"})) for m in ASYNC_METHODS.values()
+    ]
+    options = {o for parser in parsers for action in parser._actions for o in action.option_strings}
+    early = {f"--{n}" for f in fields(EarlySettings) for n in (f.name, f.name.replace("_", "-"))}
+    assert early <= options
+    assert not [o for o in options for e in early if e.startswith(o) and e != o]
+    assert all(not parser.allow_abbrev for parser in parsers)

@@ -224,10 +224,13 @@ def model_config_without(names: set[str]) -> type:
 
 def make_recipe_parser(config_class: type, model_config: type = ModelConfig) -> TrlParser:
     """The recipe's TrlParser over (HHScriptArguments, ``config_class``, ``model_config``): a description at
-    the top of --help, the script's own fields first."""
+    the top of --help, the script's own fields first, and no abbreviated options (argparse's
+    ``allow_abbrev``, passed through by HfArgumentParser): the early read of `rgpo_trl.rlhf.parsing` takes
+    the options in full, so the parse must too."""
     return TrlParser(
         (HHScriptArguments, config_class, model_config),
         usage=USAGE,
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )

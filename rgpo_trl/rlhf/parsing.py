@@ -4,9 +4,14 @@
 via ``--config``), as TRL's ``grpo.py`` does. That parser needs the trainer config class, which the method
 (and ``--trainer``) decides, so `read_early_settings` reads those first: plain argparse and YAML over six
 settings (method, trainer, world and the three hub ids), taken as TrlParser will take them (field default <
-YAML < command line), with no dataclass built and nothing else parsed twice. The world and the hub ids are
-checked from that read, before any config exists: building a bf16 preset's config fails first on a CPU-only
-machine, and the hub error is the one to act on.
+YAML < command line; ``--model_name_or_path`` and ``--model-name-or-path`` alike), with no dataclass built
+and nothing else parsed twice. The world and the hub ids are checked from that read, before any config
+exists: building a bf16 preset's config fails first on a CPU-only machine, and the hub error is the one to
+act on. The parse then checks that it read the six settings as the early read did.
+
+Options are given in full: argparse's abbreviations (``--reward_model_name`` for
+``--reward_model_name_or_path``) are off in both reads, and one given is refused naming the option it
+abbreviates, rather than read by one pass and not the other or left over as an unknown setting.
 
 This module imports no trainer: the trainer configs and their registries (transformers' Trainer, TRL) load
 after the early read, so a missing preset, a bad ``--trainer`` or ``--world``, or an unreachable hub id is
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -83,10 +88,12 @@ def read_early_settings(argv: list[str]) -> EarlySettings:
     preset = _read_preset(_config_path(argv)) if "--config" in argv else {}
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     names = [f.name for f in fields(EarlySettings)]
-    for name in names:
-        parser.add_argument(f"--{name}")
+    for name in names:  # both spellings, as HfArgumentParser registers a field with "_" in its name
+        parser.add_argument(*dict.fromkeys((f"--{name}", f"--{name.replace('_', '-')}")), dest=name)
     with _argparse_errors():  # e.g. --method without a value
-        given, _ = parser.parse_known_args(argv)
+        given, rest = parser.parse_known_args(argv)
+    # before the hub check: an abbreviated --reward_model_name must not leave the preset's hub id checked
+    _refuse_abbreviations(rest, _option_strings(parser))
     defaults = {f.name: f.default for f in fields(HHScriptArguments)}
     values = {
         name: getattr(given, name)
@@ -99,6 +106,25 @@ def read_early_settings(argv: list[str]) -> EarlySettings:
     if values["world"] not in WORLDS:
         raise ValueError(f"world must be one of {sorted(WORLDS)}, got {values['world']!r}")
     return EarlySettings(**values)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every spelling of every option ``parser`` knows (``--a_b`` and ``--a-b``, ``--no_a``)."""
+    return [option for action in parser._actions for option in action.option_strings]
+
+
+def _refuse_abbreviations(rest: Iterable[str], options: Iterable[str]) -> None:
+    """Refuse an option of ``rest`` (what a parser left over) that abbreviates one of ``options``: the
+    recipe's parsers do not expand abbreviations, which would otherwise be left over as unknown settings
+    (or, for the early read, leave a setting at its preset value while the full parse expanded it)."""
+    options = list(options)
+    for arg in rest:
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("--") or flag == "--":
+            continue
+        meant = [option for option in options if option.startswith(flag) and option != flag]
+        if meant:
+            raise ValueError(f"{flag}: options must be given in full (did you mean {' or '.join(meant)}?)")
 
 
 def _read_preset(path: str) -> dict[str, Any]:
@@ -159,8 +185,8 @@ def _parse_and_check(argv: list[str], check_hub: bool, config_dir: Path) -> tupl
     script_args, training_args, model_args, from_preset, from_cli = parser.parse_args_and_config(
         args=argv, return_remaining_strings=True, separate_remaining_strings=True
     )
-    if (script_args.method, script_args.trainer) != (early.method, early.trainer):  # an abbreviated option
-        raise ValueError("--method and --trainer must be given in full")
+    _refuse_abbreviations(from_cli, _option_strings(parser))
+    _check_early_settings(early, script_args, model_args)
     unknown = [s for s in from_cli if s.startswith("--")]
     if unknown and method.online:  # an offline method reads some generation settings itself (below)
         raise ValueError(
@@ -178,6 +204,28 @@ def _parse_and_check(argv: list[str], check_hub: bool, config_dir: Path) -> tupl
     elif not method.online:  # the generation settings an offline method reads, typed (and so checked) now
         script_args.preset_generation = preset_generation(script_args.unused_preset_settings)
     return script_args, training_args, model_args
+
+
+def _check_early_settings(early: EarlySettings, script_args, model_args) -> None:
+    """The six settings the early read decided the trainer config and the hub checks by are the ones the
+    parse read: a difference would train another method, or a model whose hub id was not checked."""
+    parsed = EarlySettings(
+        method=script_args.method,
+        trainer=script_args.trainer,
+        world=script_args.world,
+        model_name_or_path=model_args.model_name_or_path,
+        reward_model_name_or_path=script_args.reward_model_name_or_path,
+        dataset_name=script_args.dataset_name,
+    )
+    differ = [f.name for f in fields(EarlySettings) if getattr(early, f.name) != getattr(parsed, f.name)]
+    if differ:
+        raise ValueError(
+            "; ".join(
+                f"{n}: read as {getattr(early, n)!r} first, {getattr(parsed, n)!r} by the parser"
+                for n in differ
+            )
+            + ": give each once, in full, as --name value"
+        )
 
 
 def _method_and_parser(early: EarlySettings, run_name: str) -> tuple[Any, Any]:
