@@ -23,7 +23,8 @@ from _trainer_utils import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from rgpo_trl.rlhf.methods import GRPOMonitoredTrainer, ReferenceKLMonitor
+from rgpo_trl.rlhf.methods import GRPOMonitoredTrainer, ReferenceKLMonitor, _given_arguments
+from rgpo_trl.trainer import PPORLHFTrainer
 from rgpo_trl.trainer.trl_version import source_segment_digest
 
 # GRPOTrainer method -> (the `ReferenceKLMonitor` method following it, [(first text, last text) of the lines
@@ -256,3 +257,50 @@ def test_monitor_leaves_the_trainer_alone_and_logs_the_k3_kl_to_the_reference(
         assert all(torch.equal(p, start[n.replace(".ref.", ".default.")]) for n, p in refs)
     logged = [e["kl_ref/monitor"] for e in trainer.state.log_history if "kl_ref/monitor" in e]
     assert logged == pytest.approx([c["appended"][0] for c in checks], rel=1e-6)
+
+
+def test_the_constructor_arguments_are_bound_to_the_trainers_own_signature():
+    """The monitor finds ``peft_config`` and ``quantization_config`` in the arguments of the trainer below it,
+    bound to that trainer's signature: PPORLHFTrainer's takes ``value_model`` and passes GRPOTrainer's
+    keywords on in ``**kwargs`` (binding to GRPOTrainer's signature raised TypeError on ``value_model``)."""
+    lora, quantization, value_model = object(), object(), object()
+    given = _given_arguments(
+        PPORLHFTrainer.__init__, (None, "policy"), {"value_model": value_model, "peft_config": lora}
+    )
+    assert given == {"self": None, "model": "policy", "value_model": value_model, "peft_config": lora}
+    positional = (None, "policy", None, None, None, None, None, None, None, (None, None), quantization, lora)
+    given = _given_arguments(GRPOTrainer.__init__, positional, {})  # GRPOTrainer's takes them in place too
+    assert (given["quantization_config"], given["peft_config"]) == (quantization, lora)
+
+
+class _TrainerWithItsOwnSignature(GRPOTrainer):
+    """A GRPOTrainer subclass whose constructor takes an argument GRPOTrainer's does not, as PPORLHFTrainer's
+    takes ``value_model``."""
+
+    def __init__(self, model, reward_funcs=None, args=None, extra=None, **kwargs):
+        super().__init__(model, reward_funcs, args=args, **kwargs)
+        self.extra = extra
+
+
+class _MonitoredTrainerWithItsOwnSignature(ReferenceKLMonitor, _TrainerWithItsOwnSignature):
+    pass
+
+
+def test_the_monitor_builds_the_reference_under_a_trainer_with_its_own_signature(model_path, tmp_path):
+    """At beta = 0 the monitor reads ``peft_config`` from the call: here through a trainer constructor that
+    is not GRPOTrainer's. Seen, the policy wrapped by the trainer is its own reference with the adapter
+    disabled; missed, the monitor would take the policy for a pre-trained adapter and add a ``"ref"`` copy."""
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = _MonitoredTrainerWithItsOwnSignature(
+        model_path,
+        vowel_reward,
+        args=GRPOConfig(**base_args(tmp_path, beta=0.0, loss_type="grpo", max_steps=1)),
+        extra="passed on",
+        train_dataset=tiny_dataset(),
+        processing_class=tiny_tokenizer(),
+        peft_config=lora,
+    )
+    assert trainer.extra == "passed on" and trainer.monitor_builds_reference and trainer.ref_model is None
+    assert list(trainer.model.peft_config) == ["default"]

@@ -67,6 +67,18 @@ from .behaviour_ratio import BehaviourRatioMonitor
 logger = logging.getLogger("rgpo_trl.recipe")
 
 
+def _given_arguments(init: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of the call ``init(*args, **kwargs)`` by name, bound to ``init``'s own signature (a
+    monitored trainer's: `PPORLHFTrainer` adds ``value_model`` and passes GRPOTrainer's keywords on in
+    ``**kwargs``), those its ``**kwargs`` collects included."""
+    signature = inspect.signature(init)
+    given = dict(signature.bind(*args, **kwargs).arguments)
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            given.update(given.pop(name, {}))
+    return given
+
+
 class ReferenceKLMonitor:
     """Mixin: logs ``kl_ref/monitor`` = mean k3 KL(pi_old || pi_ref) over the completion tokens of each
     generation batch, for every method.
@@ -93,7 +105,7 @@ class ReferenceKLMonitor:
         super().__init__(*args, **kwargs)
         self.monitor_builds_reference = self.beta == 0.0
         if self.monitor_builds_reference:
-            given = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
+            given = _given_arguments(super().__init__, args, kwargs)  # as the trainer below took them
             self.ref_model = self._build_reference(
                 pre_wrapped_peft=given.get("peft_config") is None,
                 quantization_config=given.get("quantization_config"),
