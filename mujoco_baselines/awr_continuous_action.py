@@ -1,5 +1,5 @@
-"""AWR (advantage-weighted regression) on a MuJoCo task, CleanRL-style single file (rgpo-trl's MuJoCo
-baselines)."""
+"""AWR (advantage-weighted regression) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script holds its
+method's flags and update; the shared flags, rollout, GAE and logging are in mujoco_baselines/common.py)."""
 
 # On-policy variant of the paper's AWR baseline. Policy loss: -mean(min(exp(A / beta), max_weight) *
 # log pi(a|s)).

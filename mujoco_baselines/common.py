@@ -1,6 +1,7 @@
 """Everything the four MuJoCo scripts share, in the role of CleanRL's ``cleanrl_utils``; each script
-(``{ppo,rgpo,trpo,awr}_continuous_action.py``) keeps its own flags, its loss and its update loop, and reads
-top to bottom: Args, setup, the loop with rollout and advantages, the method's update, logging.
+(``{ppo,rgpo,trpo,awr}_continuous_action.py``) keeps its own flags (its ``Args`` on `BaseArgs`), its loss and
+its update loop, and reads top to bottom: Args, setup, the loop (the batch from `collect_batch`: rollout and
+GAE, here; the method's update, in the script; logging, here).
 
 What is here, in the order a script uses it:
 - the flags every script has (`BaseArgs`; `StaleSampleArgs` adds PPO's and RGPO's --policy-lag family), their

@@ -1,4 +1,5 @@
-"""PPO (clipped surrogate) on a MuJoCo task, CleanRL-style single file (rgpo-trl's MuJoCo baselines)."""
+"""PPO (clipped surrogate) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script holds its method's flags
+and update; the shared flags, rollout, GAE and logging are in mujoco_baselines/common.py)."""
 
 # ppo / rgpo / trpo / awr differ in their own flags, their loss and their update; what they share (the
 # other flags, the environment, rollout, GAE, metrics, checkpoints) is common.py's, imported as `common`

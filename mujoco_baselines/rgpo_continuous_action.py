@@ -1,5 +1,6 @@
-"""RGPO (rejection-gated policy optimisation) on a MuJoCo task, CleanRL-style single file (rgpo-trl's MuJoCo
-baselines)."""
+"""RGPO (rejection-gated policy optimisation) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script holds
+its method's flags and update; the shared flags, rollout, GAE and logging are in
+mujoco_baselines/common.py)."""
 
 # The policy loss is rgpo_trl.rgpo_loss (the same code the TRL trainer uses), with a gate from
 # rgpo_trl.make_gate and the KL-to-old coefficient from rgpo_trl.make_kl_controller (adaptive by default).

@@ -1,5 +1,6 @@
-"""TRPO (natural gradient with a KL line search) on a MuJoCo task, CleanRL-style single file (rgpo-trl's
-MuJoCo baselines)."""
+"""TRPO (natural gradient with a KL line search) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script
+holds its method's flags and update; the shared flags, rollout, GAE and logging are in
+mujoco_baselines/common.py)."""
 
 # One constrained policy step per rollout (natural gradient: 10 conjugate-gradient iterations on the
 # Fisher-vector product of the closed-form Gaussian KL, then a KL-enforcing backtracking line search), then
