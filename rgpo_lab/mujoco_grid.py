@@ -35,6 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "mujoco_baselines")
 MUJOCO_ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
 MUJOCO_METHODS = ["ppo", "trpo", "awr", "rgpo"]  # the paper's table order
+# the compile_equiv suite's environments (read by rgpo_lab/benchmarks/compile_equivalence.py)
+COMPILE_EQUIV_ENVS = ["Hopper-v4", "HalfCheetah-v4"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ PPO_KL_VARIANTS = (
     ("all_off", ("--max-grad-norm", "0", "--no-norm-adv", "--no-anneal-lr")),
 )
 SUITES: dict[str, list[Run]] = {
-    "main": _grid("main", ["ppo", "rgpo", "trpo", "awr"], MUJOCO_ENVS, [0, 1, 2]),
+    "main": _grid("main", MUJOCO_METHODS, MUJOCO_ENVS, [0, 1, 2]),
     "ppo_kl": _grid(
         "ppo_kl", ["ppo", "rgpo"], ["HalfCheetah-v4", "Walker2d-v4"], [0], variants=PPO_KL_VARIANTS
     ),
@@ -170,8 +172,8 @@ SUITES: dict[str, list[Run]] = {
     # rgpo_lab/benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(
         "compile_equiv",
-        ["ppo", "rgpo", "trpo", "awr"],
-        ["Hopper-v4", "HalfCheetah-v4"],
+        MUJOCO_METHODS,
+        COMPILE_EQUIV_ENVS,
         [0, 1, 2],
         steps=300_000,
         variants=(("eager", ()), ("compile", ("--compile",))),

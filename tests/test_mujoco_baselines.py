@@ -21,7 +21,15 @@ pytest.importorskip("tyro")
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHODS = ["ppo", "rgpo", "trpo", "awr"]
+METHODS = grid.MUJOCO_METHODS  # the runner's and the report's list of the four scripts
+
+
+def test_the_method_list_names_every_script():
+    scripts = [
+        f for f in os.listdir(os.path.join(ROOT, "mujoco_baselines")) if f.endswith("_continuous_action.py")
+    ]
+    assert sorted(METHODS) == sorted(f.removesuffix("_continuous_action.py") for f in scripts)
+
 
 COMMON_KEYS = [
     "iteration",

@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 from rgpo_lab.benchmarks.common import RESULTS, ROOT, extract_baseline, run_info, write_outputs
+from rgpo_lab.mujoco_grid import MUJOCO_METHODS
 
 TIMING = {"time", "SPS", "iter_time", "rollout_time", "update_time"}
 # (script, extra flags) run on Hopper-v4 beside the default runs: the stale-sample paths and the early stops
@@ -64,7 +65,7 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         commit, head = extract_baseline(a.baseline_ref, tmp)
-        cases = [(m, e, []) for m in ("ppo", "rgpo", "trpo", "awr") for e in ("Hopper-v4", "HalfCheetah-v4")]
+        cases = [(m, e, []) for m in MUJOCO_METHODS for e in ("Hopper-v4", "HalfCheetah-v4")]
         if a.variants == "all":
             cases += [(m, "Hopper-v4", flags) for m, flags in VARIANTS.items()]
         for method, env_id, extra in cases:

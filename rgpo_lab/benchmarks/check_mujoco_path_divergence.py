@@ -13,12 +13,12 @@ not seed by seed.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
-from rgpo_lab.benchmarks.common import RESULTS, load_script, run_info, write_outputs
-
-ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
+from rgpo_lab.benchmarks.common import RESULTS, run_info, write_outputs
+from rgpo_lab.mujoco_grid import MUJOCO_ENVS as ENVS
 
 
 def rollout(module, env_id: str, fast: bool):
@@ -37,7 +37,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_path_divergence"))
     a = p.parse_args()
-    module = load_script("ppo")
+    module = importlib.import_module("mujoco_baselines.ppo_continuous_action")
     rows = []
     for env_id in ENVS:
         (a0, o0, r0), (a1, o1, r1) = rollout(module, env_id, False), rollout(module, env_id, True)

@@ -1,14 +1,14 @@
-"""What the benchmarks share: the repository root, a MuJoCo script loaded as a module, and a result written as
-JSON and Markdown (under results/benchmarks/) with the command, machine and load average that produced it."""
+"""What the benchmarks share: the repository root, a MuJoCo script's short-run arguments, and a result
+written as JSON and Markdown (under results/benchmarks/) with the command, machine and load average that
+produced it. The scripts are imported as the modules they are
+(``importlib.import_module("mujoco_baselines.<method>_continuous_action")``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform
 import sys
-from types import ModuleType
 
 # the repository root (this file is rgpo_lab/benchmarks/common.py)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,17 +27,6 @@ def hopper_args(out: str, iterations: int, compile_: bool) -> list[str]:
     argv += ["--total-timesteps", str(2048 * iterations), "--output-dir", out, "--run-name", "r"]
     argv += ["--no-tensorboard", "--no-verbose", "--eval-episodes", "0"]
     return argv + (["--compile"] if compile_ else [])
-
-
-def load_script(method: str) -> ModuleType:
-    """mujoco_baselines/{method}_continuous_action.py as a module (registered, so dataclasses and pickling
-    work)."""
-    name = f"{method}_continuous_action"
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "mujoco_baselines", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def invocation(module: str) -> str:

@@ -25,9 +25,9 @@ import os
 import statistics
 
 from rgpo_lab.benchmarks.common import RESULTS
+from rgpo_lab.mujoco_grid import COMPILE_EQUIV_ENVS as ENVS
+from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
 
-METHODS = ["ppo", "rgpo", "trpo", "awr"]
-ENVS = ["Hopper-v4", "HalfCheetah-v4"]
 SEEDS = [0, 1, 2]
 METRICS = {
     "final_return": "final return",

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import os
 import statistics
 import time
 
-from rgpo_lab.benchmarks.common import RESULTS, load_script, run_info, write_outputs
+from rgpo_lab.benchmarks.common import RESULTS, run_info, write_outputs
 
 STEPS_PER_CALL = [1, 2, 4, 8]
 
@@ -35,7 +36,8 @@ def measure(step: str, width: int, rounds: int, T: int = 2048, mb: int = 64) -> 
     # one)
     torch._dynamo.config.recompile_limit = 64
     torch.manual_seed(0)
-    module = load_script("trpo" if step == "trpo_value" else "ppo")
+    script = "trpo" if step == "trpo_value" else "ppo"
+    module = importlib.import_module(f"mujoco_baselines.{script}_continuous_action")
     args = module.Args(hidden_size=width)
     agent = module.Agent(11, 3, args)
     obs, actions, adv, returns = torch.randn(T, 11), torch.randn(T, 3), torch.randn(T), torch.randn(T)

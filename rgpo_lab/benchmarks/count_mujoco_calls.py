@@ -30,8 +30,7 @@ from rgpo_lab.benchmarks.common import (
     run_info,
     write_outputs,
 )
-
-METHODS = ["ppo", "rgpo", "trpo", "awr"]
+from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
 
 COUNTER = r"""
 import collections, json, os, runpy, sys

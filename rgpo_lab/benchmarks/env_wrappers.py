@@ -19,6 +19,7 @@ Reported: steps per second of each (median over rounds) and the ratios to ``raw`
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from rgpo_lab.benchmarks.common import RESULTS, invocation, load_script
+from rgpo_lab.benchmarks.common import RESULTS, invocation
 
 
 def cleanrl_env(env_id: str, gamma: float = 0.99):
@@ -82,7 +83,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=os.path.join(RESULTS, "env_wrappers"))
     args = p.parse_args()
-    module = load_script("ppo")
+    module = importlib.import_module("mujoco_baselines.ppo_continuous_action")
     results = {}
     for env_id in args.envs:
         act_space = gym.make(env_id).action_space

@@ -33,9 +33,8 @@ import tempfile
 import time
 
 from rgpo_lab.benchmarks.common import ONE_THREAD, RESULTS, ROOT, extract_baseline, invocation
-
-METHODS = ["ppo", "rgpo", "trpo", "awr"]
-ENVS = ["Hopper-v4", "Walker2d-v4", "HalfCheetah-v4", "Ant-v4"]
+from rgpo_lab.mujoco_grid import MUJOCO_ENVS as ENVS
+from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
 
 
 def raw_env_rate(env_id: str, steps: int) -> float:

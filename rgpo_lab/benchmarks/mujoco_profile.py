@@ -1,4 +1,4 @@
-"""Where a MuJoCo script's time goes, and what two candidate speed-ups would buy (planning for the 2x issue).
+"""Where a MuJoCo script's time goes, and what two candidate speed-ups would buy (toward a 2x speed-up).
 
     python -m rgpo_lab.benchmarks.mujoco_profile --out results/benchmarks/mujoco_profile
 
@@ -31,8 +31,7 @@ import statistics
 import time
 
 from rgpo_lab.benchmarks.common import RESULTS, invocation
-
-ENVS = ["Hopper-v4", "Walker2d-v4", "HalfCheetah-v4", "Ant-v4"]
+from rgpo_lab.mujoco_grid import MUJOCO_ENVS as ENVS
 
 
 def rollout_costs(env_id: str, width: int, n: int, rounds: int) -> dict[str, float]:

@@ -37,8 +37,7 @@ from rgpo_lab.benchmarks.common import (
     run_info,
     write_outputs,
 )
-
-METHODS = ["ppo", "rgpo", "trpo", "awr"]
+from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
 
 
 def iteration_time(script: str, out: str, iterations: int, env: dict) -> float:
