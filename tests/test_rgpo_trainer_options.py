@@ -159,8 +159,9 @@ def test_adaptive_entropy_bonus(model_path, tmp_path):
         torch.testing.assert_close(
             record["loss"], reference_loss(trainer, record, entropy_coef=coef), atol=LOSS_ATOL, rtol=0
         )
-    assert trainer.entropy_coef == pytest.approx(0.16)
-    assert trainer._last_world_entropy == pytest.approx(_mean_entropy(records[-1]).item(), rel=1e-5)
+    ctl = trainer.entropy_ctl  # RGPO's controller state (GRPOTrainer's own is left alone)
+    assert ctl.coef == pytest.approx(0.16)
+    assert ctl.last_world_entropy == pytest.approx(_mean_entropy(records[-1]).item(), rel=1e-5)
 
 
 def test_top_entropy_quantile_mask(model_path, tmp_path):

@@ -1,7 +1,9 @@
-"""RGPOTrainer mirrors or adapts a few pieces of TRL 1.16's GRPOTrainer that TRL offers no hook for (its
-``_compute_loss`` is one method: forward, surrogate, aggregation, entropy bonus, aux loss, metrics). Each
-piece lives in one RGPOTrainer method; these tests pin a digest of the TRL lines it follows, so a TRL release
-that changes them fails here, naming the lines and the method to re-read, instead of silently diverging."""
+"""RGPOTrainer mirrors or adapts a few pieces of TRL 1.16's GRPOTrainer that TRL offers no hook or method for
+(its ``_compute_loss`` is one method: forward, surrogate, aggregation, entropy bonus, aux loss, metrics). Each
+piece lives in one RGPOTrainer method, a helper of its ``_compute_loss``; these tests pin a digest of the TRL
+lines it follows, so a TRL release that changes them fails here, naming the lines and the method to re-read,
+instead of silently diverging. The entropy controller follows GRPOTrainer's rule on RGPO's own state, so
+GRPOTrainer's initialisation and checkpoint of its own state are pinned too."""
 
 from __future__ import annotations
 
@@ -73,13 +75,14 @@ MIRRORED = {
             "bddac3906942f2b4",
         ),
     ],
-    # the entropy controller's state that _apply_entropy_bonus reads and writes: its initial values and
-    # GRPOTrainer's checkpoint of entropy_coef and _last_world_entropy
+    # GRPOTrainer's entropy controller state, which RGPOTrainer keeps as its own (EntropyControllerState in
+    # `entropy_ctl`): initialised as GRPOTrainer initialises entropy_coef, _last_world_entropy and
+    # _entropy_window_stats, and checkpointed when GRPOTrainer checkpoints them, with the same contents
     "__init__": [
         (
             "self.entropy_coef = args.entropy_coef",
             "self._entropy_window_stats = None",
-            "_apply_entropy_bonus",
+            "__init__",
             "a16a6b73e29ecfb7",
         )
     ],
@@ -87,7 +90,7 @@ MIRRORED = {
         (
             "if self.use_adaptive_entropy and self.args.should_save:",
             "self._last_world_entropy}, f)",
-            "_apply_entropy_bonus",
+            "_save_checkpoint",
             "dee4d4571b8df90b",
         )
     ],
@@ -95,7 +98,7 @@ MIRRORED = {
         (
             "if self.use_adaptive_entropy and checkpoint is not None:",
             'self._last_world_entropy = state["last_world_entropy"]',
-            "_apply_entropy_bonus",
+            "_load_optimizer_and_scheduler",
             "14849693a6aa059f",
         )
     ],

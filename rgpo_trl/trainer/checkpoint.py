@@ -1,9 +1,11 @@
-"""The KL-controller checkpoint file, written and read the same way by `RGPOTrainer` and `AsyncRGPOTrainer`.
+"""RGPO's checkpoint files, written and read the same way by `RGPOTrainer` and `AsyncRGPOTrainer`.
 
-The controller's state is plain JSON (`KLController.state_dict`), saved as ``rgpo_kl_controller.json`` next to
-the Trainer's own checkpoint files. On resume a missing file warns (the coefficient restarts at the config's
-``kl_coef``); a file that is not a JSON object, or whose state the controller refuses (another controller, a
-coefficient outside its bounds), raises a ``ValueError`` naming the file.
+Each controller's state is plain JSON (its ``state_dict``), saved next to the Trainer's own checkpoint files:
+the KL controller's (`KLController.state_dict`) as ``rgpo_kl_controller.json`` by both trainers, and
+`RGPOTrainer`'s adaptive entropy controller's (`EntropyControllerState.state_dict`, with
+``use_adaptive_entropy``) as ``rgpo_entropy_controller.json``. On resume a missing file warns (the coefficient
+restarts at the config's value); a file that is not a JSON object, or whose state the controller refuses
+(another controller, a coefficient outside its bounds), raises a ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
@@ -11,13 +13,23 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..core import KLController
 
 KL_CONTROLLER_FILE = "rgpo_kl_controller.json"
+ENTROPY_CONTROLLER_FILE = "rgpo_entropy_controller.json"
+
+
+class Controller(Protocol):
+    """What a checkpoint file holds: a state as a JSON object, and its restore (which raises ``ValueError`` on
+    a state it refuses, leaving the controller unchanged)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def checkpoint_folder(trainer, trial) -> str:
@@ -47,9 +59,33 @@ def read_json_state(path: str) -> dict[str, Any]:
     return state
 
 
+def save_controller(ctl: Controller, folder: str, filename: str) -> None:
+    """Write the controller's state to ``folder/filename``."""
+    write_json_state(os.path.join(folder, filename), ctl.state_dict())
+
+
+def load_controller(
+    ctl: Controller, checkpoint: str, filename: str, *, missing: str, hint: str, stacklevel: int = 3
+) -> bool:
+    """Restore the controller from ``checkpoint/filename``. True when restored; False, with the warning
+    "<path> not found: <missing>", when there is none. A corrupt file or a state the controller refuses raises
+    a ``ValueError`` naming the file and ending with ``hint``; the controller is then unchanged.
+    ``stacklevel`` is the warning's, counted from this function (3: past the trainer's method calling it)."""
+    path = os.path.join(checkpoint, filename)
+    if not os.path.exists(path):
+        warnings.warn(f"{path} not found: {missing}", stacklevel=stacklevel)
+        return False
+    state = read_json_state(path)
+    try:
+        ctl.load_state_dict(state)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}; {hint}") from err
+    return True
+
+
 def save_kl_controller(kl_ctl: KLController, folder: str) -> None:
     """Write the controller's state to ``folder/rgpo_kl_controller.json``."""
-    write_json_state(os.path.join(folder, KL_CONTROLLER_FILE), kl_ctl.state_dict())
+    save_controller(kl_ctl, folder, KL_CONTROLLER_FILE)
 
 
 def load_kl_controller(kl_ctl: KLController, checkpoint: str, coefficient: str = "KL-to-old") -> bool:
@@ -57,17 +93,11 @@ def load_kl_controller(kl_ctl: KLController, checkpoint: str, coefficient: str =
     warning naming the file, when there is none (the coefficient stays at its initial value). A corrupt file
     or a state the controller refuses raises a ``ValueError`` naming the file; the controller is then
     unchanged. ``coefficient`` names the coefficient in the warning."""
-    path = os.path.join(checkpoint, KL_CONTROLLER_FILE)
-    if not os.path.exists(path):
-        warnings.warn(
-            f"{path} not found: the {coefficient} coefficient is not restored and stays at "
-            f"kl_coef={kl_ctl.kl_coef}.",
-            stacklevel=3,  # the trainer's _load_optimizer_and_scheduler
-        )
-        return False
-    state = read_json_state(path)
-    try:
-        kl_ctl.load_state_dict(state)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}; resume with the same kl_controller and bounds") from err
-    return True
+    return load_controller(
+        kl_ctl,
+        checkpoint,
+        KL_CONTROLLER_FILE,
+        missing=f"the {coefficient} coefficient is not restored and stays at kl_coef={kl_ctl.kl_coef}.",
+        hint="resume with the same kl_controller and bounds",
+        stacklevel=4,  # past this wrapper and the trainer's _load_optimizer_and_scheduler, to its caller
+    )

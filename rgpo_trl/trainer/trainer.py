@@ -15,33 +15,53 @@ GRPO's options that are orthogonal to the surrogate (the ``loss_type`` aggregati
 entropy and off-policy masks, the bias-corrected KL, the vLLM importance-sampling correction) are applied to
 the RGPO terms where GRPOTrainer applies them to its own surrogate (`rgpo_trl.rgpo_terms` gives the terms
 separately); the options that would replace the gate are refused by `RGPOConfig`. TRL has no hook inside
-its ``_compute_loss``, so the pieces of it this trainer follows are each one method (`_policy_forward`,
-`_aggregate`, `_apply_entropy_bonus`, `_add_aux_loss`), and a test pins a digest of the TRL lines each
-follows, failing when a TRL release changes them.
+its ``_compute_loss`` and no method for these pieces of it, so the pieces this trainer follows are each one
+helper of its ``_compute_loss`` (`_policy_forward`, `_aggregate`, `_apply_entropy_bonus`, `_add_aux_loss`),
+marked as mirrors, and a test pins a digest of the TRL lines each follows, failing when a TRL release changes
+them.
+
+RGPOTrainer sets none of the attributes GRPOTrainer or transformers' Trainer create (a test records every
+assignment through training, checkpointing and resuming). In particular GRPOTrainer's adaptive entropy
+controller (``entropy_coef``, ``_last_world_entropy``, ``_entropy_window_stats``) belongs to GRPOTrainer's
+loss, which this trainer replaces: the same rule runs on RGPO's own state, `EntropyControllerState` in
+``entropy_ctl``, initialised as GRPOTrainer initialises its own, and TRL's attributes keep the values its
+``__init__`` gave them.
 
 The other additions are the adaptive KL-to-old controller (paper Eq. beta_update) and its bookkeeping. One
 RGPO *iteration* is one generation batch and all its reuse (``num_iterations * steps_per_generation``
 micro-batches). Every training micro-batch adds the globally reduced (all processes) sum of
 r_old - 1 - log r_old over its completion tokens and their count; after the iteration's last micro-batch the
 controller is updated once from the token-weighted mean, so all ranks hold the same coefficient. The
-controller state is written to ``rgpo_kl_controller.json`` in every checkpoint and restored on
-``resume_from_checkpoint``.
+controller state is written to ``rgpo_kl_controller.json`` in every checkpoint, with
+``use_adaptive_entropy`` the entropy controller's to ``rgpo_entropy_controller.json``, and both are restored
+on ``resume_from_checkpoint``.
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from ..core import ess_from_moments, log_ratio_diagnostics, masked_mean, rgpo_terms
-from .checkpoint import KL_CONTROLLER_FILE, checkpoint_folder, load_kl_controller, save_kl_controller
+from .checkpoint import (
+    ENTROPY_CONTROLLER_FILE,
+    KL_CONTROLLER_FILE,
+    checkpoint_folder,
+    load_controller,
+    load_kl_controller,
+    save_controller,
+    save_kl_controller,
+)
 from .config import RGPOConfig, micro_batches_per_iteration
 
-__all__ = ["KL_CONTROLLER_FILE", "RGPOTrainer"]
+__all__ = ["ENTROPY_CONTROLLER_FILE", "KL_CONTROLLER_FILE", "EntropyControllerState", "RGPOTrainer"]
 
 
 # The model card's citation, shared by both RGPO trainers.
@@ -56,6 +76,55 @@ RGPO_PAPER = {
             year         = 2025,
         }"""),
 }
+
+
+@dataclass
+class EntropyControllerState:
+    """RGPOTrainer's entropy-bonus coefficient and adaptive controller: GRPOTrainer's rule, RGPO's state.
+
+    GRPOTrainer keeps this state in its own attributes (``entropy_coef``, ``_last_world_entropy``,
+    ``_entropy_window_stats``) and updates it inside its ``_compute_loss``; RGPOTrainer replaces that method,
+    so it keeps the state here instead of writing GRPOTrainer's. `from_config` initialises it as
+    ``GRPOTrainer.__init__`` initialises its own; ``RGPOTrainer._apply_entropy_bonus`` applies and updates it
+    as GRPOTrainer's ``_compute_loss`` does; ``state_dict`` is what GRPOTrainer's checkpoint saves of its own
+    (the coefficient and the last window's entropy; the window is empty at an optimizer step, where
+    checkpoints are written)."""
+
+    coef: float  # the entropy coefficient (the static one, or the adaptive one in force)
+    coef_min: float
+    coef_max: float
+    # the global entropy of the last optimizer step's window; inf before the first, so no bonus until then
+    last_world_entropy: float = math.inf
+    window: torch.Tensor | None = None  # (entropy sum, token count) of the optimizer step so far, this rank
+
+    @classmethod
+    def from_config(cls, args: RGPOConfig) -> EntropyControllerState:
+        return cls(coef=args.entropy_coef, coef_min=args.entropy_coef_min, coef_max=args.entropy_coef_max)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The coefficient and the last window's entropy (``null`` before the first window: JSON has no
+        infinity, and a non-finite entropy gates the bonus off as inf does)."""
+        entropy = self.last_world_entropy
+        return {"entropy_coef": self.coef, "last_world_entropy": entropy if math.isfinite(entropy) else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved state; one with a coefficient outside [coef_min, coef_max], or not of this form, is
+        refused whole."""
+        coef, entropy = state.get("entropy_coef"), state.get("last_world_entropy", "missing")
+        if not _is_number(coef) or not self.coef_min <= coef <= self.coef_max:
+            raise ValueError(
+                f"saved entropy_coef {coef!r} is outside [entropy_coef_min, entropy_coef_max] = "
+                f"[{self.coef_min}, {self.coef_max}]"
+            )
+        if entropy is not None and not _is_number(entropy):
+            raise ValueError(f"saved last_world_entropy must be a number or null, got {entropy!r}")
+        self.coef = float(coef)
+        self.last_world_entropy = math.inf if entropy is None else float(entropy)
+        self.window = None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class RGPOTrainer(GRPOTrainer):
@@ -74,6 +143,10 @@ class RGPOTrainer(GRPOTrainer):
     ``kl_coef`` (the KL-to-old coefficient), ``ratio_old_mean/max``, ``ratio_ref_mean/max``, in dual mode
     ``ref_ratio_larger_frac`` and ``rejected_frac_old`` (the gate on r_old alone), and once per iteration
     ``kl_old_iteration`` (the controller's input).
+
+    The entropy coefficient in force is ``entropy_ctl.coef`` (logged as ``entropy_coef``, as GRPOTrainer logs
+    its own); GRPOTrainer's ``entropy_coef`` attribute belongs to its replaced loss and stays at the config's
+    value.
     """
 
     _tag_names = ["trl", "rgpo"]
@@ -95,8 +168,8 @@ class RGPOTrainer(GRPOTrainer):
         self.kl_ctl = args.make_kl_controller()
         self.iteration_length = micro_batches_per_iteration(args)
         self._reset_iteration_stats()
-        # the adaptive entropy controller's (entropy sum, token count) over the optimizer step so far
-        self._entropy_window: torch.Tensor | None = None
+        # the entropy bonus's controller, initialised as GRPOTrainer.__init__ initialises its own (pinned)
+        self.entropy_ctl = EntropyControllerState.from_config(args)
         if self.args.gradient_accumulation_steps % self.iteration_length == 0 and not (
             self.use_vllm and self.vllm_importance_sampling_correction
         ):
@@ -133,16 +206,32 @@ class RGPOTrainer(GRPOTrainer):
             self._end_iteration()
         return output
 
+    # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):
+        """GRPOTrainer's checkpoint, and the controllers' states next to it: the KL controller's always, the
+        entropy controller's when adaptive (as GRPOTrainer saves its own; its ``entropy_ctrl_state.json``
+        there holds GRPOTrainer's unused initial values)."""
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            save_kl_controller(self.kl_ctl, checkpoint_folder(self, trial))
+            folder = checkpoint_folder(self, trial)
+            save_kl_controller(self.kl_ctl, folder)
+            if self.use_adaptive_entropy:
+                save_controller(self.entropy_ctl, folder, ENTROPY_CONTROLLER_FILE)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
         load_kl_controller(self.kl_ctl, checkpoint, "KL-to-old")
+        if self.use_adaptive_entropy:
+            load_controller(
+                self.entropy_ctl,
+                checkpoint,
+                ENTROPY_CONTROLLER_FILE,
+                missing="the adaptive entropy controller is not restored and restarts at "
+                f"entropy_coef={self.entropy_ctl.coef}, with no bonus before its first window.",
+                hint="resume with the same entropy_coef_min and entropy_coef_max",
+            )
         # GRPOTrainer regenerates after a resume (its buffer is empty and its micro-batch counter restarts),
         # so a new iteration starts too.
         self._reset_iteration_stats()
@@ -209,6 +298,9 @@ class RGPOTrainer(GRPOTrainer):
         self._log_rgpo_metrics(mode, diag, entropies, mask)
         return loss
 
+    # ------------------------------------------------------------------ mirrors of GRPOTrainer._compute_loss
+    # Each helper below follows lines of GRPOTrainer._compute_loss that TRL offers no method or hook for;
+    # tests/test_rgpo_trainer_trl_mirror.py pins a digest of those lines.
     def _policy_forward(self, model, inputs):
         """The policy's forward on the micro-batch, as GRPOTrainer's ``_compute_loss`` starts (mirrored: TRL
         has no hook between its forward and its loss; a test pins TRL's lines). Returns the per-token
@@ -269,33 +361,33 @@ class RGPOTrainer(GRPOTrainer):
         """``loss - coef * H`` (H: mean entropy of the tokens the policy term acts on), GRPOTrainer's entropy
         bonus, static or adaptive, and its bookkeeping: ``policy_loss`` (the loss before the bonus, gathered),
         the adaptive controller updated at optimizer-step boundaries from the window-global entropy, and
-        ``entropy_coef``. Mirrors TRL's lines (TRL has no hook for them; a test pins their digest). The
-        controller state is GRPOTrainer's own ``entropy_coef`` and ``_last_world_entropy``, which its
-        checkpoint saves and restores; the window of the optimizer step is this trainer's."""
+        ``entropy_coef``. Mirrors TRL's lines (TRL has no hook for them; a test pins their digest), with the
+        controller's state in RGPO's ``entropy_ctl`` where TRL's lines use GRPOTrainer's ``entropy_coef``,
+        ``_last_world_entropy`` and ``_entropy_window_stats`` (see `EntropyControllerState`)."""
+        ctl = self.entropy_ctl
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         entropy = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
         if self.use_adaptive_entropy:
-            coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
+            coef = ctl.coef if ctl.last_world_entropy <= self.args.entropy_target else 0.0
         else:
-            coef = self.entropy_coef
+            coef = ctl.coef
         loss = loss - coef * entropy
         self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
         if self.use_adaptive_entropy and mode == "train":
             stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
-            window = stats if self._entropy_window is None else self._entropy_window + stats
-            self._entropy_window = window
+            ctl.window = stats if ctl.window is None else ctl.window + stats
             if self.accelerator.sync_gradients:
-                totals = self.accelerator.reduce(window, reduction="sum")
+                totals = self.accelerator.reduce(ctl.window, reduction="sum")
                 world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
                 step = self.args.entropy_coef_delta
                 if world_entropy <= self.args.entropy_target:
-                    self.entropy_coef = min(self.entropy_coef + step, self.args.entropy_coef_max)
+                    ctl.coef = min(ctl.coef + step, self.args.entropy_coef_max)
                 else:
-                    self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
-                self._last_world_entropy = world_entropy
-                self._entropy_window = None
+                    ctl.coef = max(ctl.coef - step, self.args.entropy_coef_min)
+                ctl.last_world_entropy = world_entropy
+                ctl.window = None
         if mode == "train" and self.accelerator.sync_gradients:
-            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+            self._metrics[mode]["entropy_coef"].append(ctl.coef)
         return loss
 
     def _add_aux_loss(self, loss, aux_loss, mode) -> torch.Tensor:
@@ -310,6 +402,7 @@ class RGPOTrainer(GRPOTrainer):
         totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
+    # ------------------------------------------------------------------ RGPO's metrics
     @torch.no_grad()
     def _log_rgpo_metrics(self, mode, diag, entropies, mask) -> None:
         """Reduce the diagnostics across processes and record them: ``*_max`` keys as maxima, ESS from the
