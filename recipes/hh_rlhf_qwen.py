@@ -64,7 +64,8 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     from accelerate import PartialState
     from transformers import AutoTokenizer
 
-    from rgpo_trl.rlhf.methods import IterationMetricsWriter, get_rlhf_method, make_trainer, quiet_console
+    from rgpo_trl.rlhf.methods import get_rlhf_method, make_trainer
+    from rgpo_trl.rlhf.metrics_log import IterationMetricsWriter, quiet_console
     from rgpo_trl.rlhf.offline import run_offline
     from rgpo_trl.rlhf.prompt_splits import training_prompts
     from rgpo_trl.rlhf.recipe_evaluation import (

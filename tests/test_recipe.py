@@ -205,6 +205,8 @@ def test_bad_preset_trainer_or_world_is_refused_before_the_trainers_load(flags, 
         "trl.trainer.grpo_trainer",
         "rgpo_trl.trainer",
         "rgpo_trl.rlhf.methods",
+        "rgpo_trl.rlhf.reference_kl",
+        "rgpo_trl.rlhf.metrics_log",
     }
     assert not loaded, loaded
 

@@ -1,4 +1,4 @@
-"""`ReferenceKLMonitor` (rgpo_trl.rlhf.methods): for a method trained with beta = 0 (GRPO) it builds the
+"""`ReferenceKLMonitor` (rgpo_trl.rlhf.reference_kl): for a method trained with beta = 0 (GRPO) it builds the
 reference as GRPOTrainer does for beta != 0 and computes the reference log-probs itself, with GRPOTrainer's
 reference forward, instead of lending the trainer a beta. These tests pin the TRL lines the monitor follows,
 and check on a tiny policy (full, LoRA, and a model passed with a pre-trained adapter) that the trainer and
@@ -23,7 +23,8 @@ from _trainer_utils import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from rgpo_trl.rlhf.methods import GRPOMonitoredTrainer, ReferenceKLMonitor, _given_arguments
+from rgpo_trl.rlhf.methods import GRPOMonitoredTrainer
+from rgpo_trl.rlhf.reference_kl import ReferenceKLMonitor, _given_arguments
 from rgpo_trl.trainer import PPORLHFTrainer
 from rgpo_trl.trainer.trl_version import source_segment_digest
 

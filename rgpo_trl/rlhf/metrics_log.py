@@ -1,0 +1,161 @@
+"""The recipe's per-iteration metrics: metrics.jsonl / metrics.csv / summary.json of a run
+(`IterationMetricsWriter`), the evaluation-window averages and the console table, and the quiet progress bar.
+Apart from the method registry so that what a method is and how a run is logged change separately."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from .methods import BASE_METRICS, RGPO_METRICS, RLHFMethod
+
+logger = logging.getLogger("rgpo_trl.recipe")
+
+
+class IterationMetricsWriter(TrainerCallback):
+    """Writes one JSONL row per logged optimizer step (all of TRL's and RGPO's metrics, plus
+    ``iteration`` = generation-batch index) and, at the end, ``summary.json`` with the averages
+    over the evaluation window (the paper: iterations 300-400)."""
+
+    def __init__(
+        self,
+        output_dir: str,
+        steps_per_iteration: int,
+        window: tuple[int, int],
+        method: RLHFMethod,
+        world_size: int = 1,
+        table_every: int = 0,
+    ):
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.csv_path = os.path.join(output_dir, "metrics.csv")
+        self.summary_path = os.path.join(output_dir, "summary.json")
+        self.steps_per_iteration = steps_per_iteration
+        self.window = window
+        self.method = method
+        self.world_size = world_size
+        self.table_every = table_every  # a compact table row every N iterations (0: none), for the console
+        self.rows: list[dict[str, Any]] = []
+        self._printed_header = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            if os.path.exists(self.path):
+                # a fresh run starts over; a resumed run keeps the rows up to its checkpoint's step and
+                # appends (rows logged after the checkpoint by the interrupted run are logged again)
+                kept = [r for r in read_metrics(self.path) if r["step"] <= state.global_step]
+                with open(self.path, "w") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in kept)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "train_runtime" in logs:
+            return
+        row = {
+            "step": state.global_step,
+            "iteration": (state.global_step - 1) // self.steps_per_iteration + 1,
+        }
+        row.update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+        self.rows.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        iteration_done = state.global_step % self.steps_per_iteration == 0
+        if self.table_every and iteration_done and row["iteration"] % self.table_every == 0:
+            rows = [r for r in self.rows if r["iteration"] == row["iteration"]]
+            header, line = format_table(rows, {}, self.window, self.method.metric_columns).split("\n")[:2]
+            if not self._printed_header:
+                logger.info(header)
+                self._printed_header = True
+            logger.info(line)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        rows = read_metrics(self.path)
+        write_csv(rows, self.csv_path)
+        summary = window_summary(rows, self.window, self.method.metric_columns)
+        summary.update(method=self.method.name, world_size=self.world_size)
+        with open(self.summary_path, "w") as f:
+            json.dump(summary, f, indent=2)
+        logger.info("\n%s", format_table(rows, summary, self.window, self.method.metric_columns))
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("step", "iteration"), k))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def window_summary(
+    rows: Sequence[dict[str, Any]], window: tuple[int, int], columns: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Averages of the paper's metrics over iterations ``window[0] < it <= window[1]``."""
+    lo, hi = window
+    in_window = [r for r in rows if lo < r["iteration"] <= hi]
+    summary: dict[str, Any] = {"window": [lo, hi], "rows_in_window": len(in_window)}
+    for name, key in (columns or {**BASE_METRICS, **RGPO_METRICS}).items():
+        summary[name] = _mean([r.get(key) for r in in_window])
+    return summary
+
+
+def format_table(
+    rows: Sequence[dict[str, Any]],
+    summary: dict[str, Any],
+    window: tuple[int, int],
+    columns: dict[str, str] | None = None,
+    every: int | None = None,
+) -> str:
+    """A text table of reward / KL_ref / KL_old per iteration and the window averages."""
+    by_iter: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_iter.setdefault(r["iteration"], []).append(r)
+    iters = sorted(by_iter)
+    every = every or max(1, len(iters) // 10)
+    columns = columns or {**BASE_METRICS, **RGPO_METRICS}
+    cols = [c for c in ("reward", "kl_ref", "kl_old", "kl_coef", "gate_mean", "gold") if c in columns]
+    lines = ["iteration " + "".join(f"{c:>11}" for c in cols)]
+    for it in iters[::every] + ([iters[-1]] if iters and iters[-1] not in iters[::every] else []):
+        vals = [_mean([r.get(columns[c]) for r in by_iter[it]]) for c in cols]
+        lines.append(f"{it:>9} " + "".join(f"{v:>11.4f}" for v in vals))
+    lines.append(
+        f"window {window[0]}-{window[1]}".ljust(10)
+        + "".join(f"{summary.get(c, float('nan')):>11.4f}" for c in cols)
+    )
+    return "\n".join(lines)
+
+
+class QuietProgressCallback(ProgressCallback):
+    """transformers' progress bar without its per-step metric dicts (35 keys every step): the recipe's console
+    shows the bar and `IterationMetricsWriter`'s compact table; every metric still goes to metrics.jsonl and
+    the ``report_to`` loggers."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass
+
+
+def quiet_console(trainer) -> None:
+    """Swap the trainer's console callback (the progress bar, or the printer under ``disable_tqdm``) for
+    `QuietProgressCallback` (or nothing)."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    if not trainer.args.disable_tqdm:
+        trainer.add_callback(QuietProgressCallback)
