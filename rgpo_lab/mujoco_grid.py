@@ -40,7 +40,10 @@ COMPILE_EQUIV_ENVS = ["Hopper-v4", "HalfCheetah-v4"]
 
 
 @dataclass(frozen=True)
-class Run:
+class GridRun:
+    """A run of a suite, to launch: its script, environment, seed, length and flags (`mujoco_report` reads
+    a finished one back as a `RunRecord`)."""
+
     suite: str
     method: str  # ppo | rgpo | trpo | awr
     env_id: str
@@ -62,8 +65,9 @@ class Run:
 
 
 def _grid(suite, methods, envs, seeds, steps=1_000_000, variants=(("default", ()),)):
+    # seeds outermost: a partial grid has every method per seed
     return [
-        Run(suite, m, e, s, steps, v, tuple(f))  # seeds outermost: a partial grid has every method per seed
+        GridRun(suite, m, e, s, steps, v, tuple(f))
         for s, e, (v, f), m in itertools.product(seeds, envs, variants, methods)
     ]
 
@@ -83,7 +87,7 @@ PPO_KL_VARIANTS = (
     ("no_lranneal", ("--no-anneal-lr",)),
     ("all_off", ("--max-grad-norm", "0", "--no-norm-adv", "--no-anneal-lr")),
 )
-SUITES: dict[str, list[Run]] = {
+SUITES: dict[str, list[GridRun]] = {
     "main": _grid("main", MUJOCO_METHODS, MUJOCO_ENVS, [0, 1, 2]),
     "ppo_kl": _grid(
         "ppo_kl", ["ppo", "rgpo"], ["HalfCheetah-v4", "Walker2d-v4"], [0], variants=PPO_KL_VARIANTS
@@ -211,14 +215,14 @@ def default_checkpoints() -> str:
 
 
 def run_suites(
-    runs: list[Run],
+    runs: list[GridRun],
     results: str,
     jobs: int,
     checkpoints: str | None = None,
     poll: float = 2.0,
     backend: str = "local",
     ray_address: str | None = None,
-) -> list[tuple[Run, int]]:
+) -> list[tuple[GridRun, int]]:
     """Run ``runs`` ``jobs`` at a time on ``backend`` (``local`` or ``ray``, see rgpo_lab.job_queue); returns
     the failed ones with their exit status."""
     from tqdm import tqdm
@@ -232,7 +236,7 @@ def run_suites(
         flush=True,
     )
 
-    def start(r: Run) -> tuple[list[str], str]:
+    def start(r: GridRun) -> tuple[list[str], str]:
         command = r.command(os.path.join(results, r.suite), os.path.join(checkpoints, r.suite, r.name))
         os.makedirs(run_dir[r], exist_ok=True)
         log_path = os.path.join(run_dir[r], "run.log")
@@ -240,7 +244,7 @@ def run_suites(
             log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
         return command, log_path
 
-    def succeeded(r: Run, code: int) -> bool:
+    def succeeded(r: GridRun, code: int) -> bool:
         if code != 0:
             tqdm.write(f"FAILED ({code}): {r.name}, see {run_dir[r]}/run.log")
         return code == 0

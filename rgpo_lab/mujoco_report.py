@@ -116,7 +116,10 @@ PAPER_LONG_P6 = 0.028
 
 
 @dataclass
-class Run:
+class RunRecord:
+    """A run read back from its directory: config.json, metrics.csv and, once it has finished, final.json
+    (``final`` None while it runs). What `mujoco_grid` launches is a `GridRun`."""
+
     suite: str
     name: str
     cfg: dict
@@ -141,7 +144,7 @@ class Run:
         return float(self.final["final_return"]) if self.final else float("nan")
 
 
-def load_runs(root: str) -> list[Run]:
+def load_runs(root: str) -> list[RunRecord]:
     runs = []
     for suite in sorted(os.listdir(root)):
         suite_dir = os.path.join(root, suite)
@@ -160,12 +163,12 @@ def load_runs(root: str) -> list[Run]:
             if os.path.isfile(os.path.join(d, "final.json")):
                 with open(os.path.join(d, "final.json")) as f:
                     final = json.load(f)
-            runs.append(Run(suite, name, cfg, pd.read_csv(metrics), final))
+            runs.append(RunRecord(suite, name, cfg, pd.read_csv(metrics), final))
     return runs
 
 
 # ----------------------------------------------------------------------------------------------- tables
-def _finished(runs, **where) -> list[Run]:
+def _finished(runs, **where) -> list[RunRecord]:
     return [r for r in runs if r.final and all(getattr(r, k) == v for k, v in where.items())]
 
 

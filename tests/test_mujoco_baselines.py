@@ -590,7 +590,7 @@ def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, 
     import tyro
 
     flags = ("--num-steps", "256", "--checkpoint-every", "2")
-    runs = [grid.Run("t", m, "Hopper-v4", 0, 256 * 5, "default", flags) for m in ("ppo", "rgpo")]
+    runs = [grid.GridRun("t", m, "Hopper-v4", 0, 256 * 5, "default", flags) for m in ("ppo", "rgpo")]
     assert (
         grid.run_suites(runs, str(tmp_path / "a"), jobs=2, checkpoints=str(tmp_path / "ca"), poll=0.2) == []
     )
@@ -652,9 +652,8 @@ def test_grid_compile_flag_adds_compile_to_every_run_but_not_to_compile_equiv(ca
 def test_grid_runner_ray_backend_matches_local_runs(tmp_path):
     """The same runs as Ray tasks on a local Ray instance give the metrics of local subprocess runs."""
     ray = pytest.importorskip("ray")
-    runs = [
-        grid.Run("t", m, "Hopper-v4", 0, 256 * 3, "default", ("--num-steps", "256")) for m in ("ppo", "rgpo")
-    ]
+    flags = ("--num-steps", "256")
+    runs = [grid.GridRun("t", m, "Hopper-v4", 0, 256 * 3, "default", flags) for m in ("ppo", "rgpo")]
     assert (
         grid.run_suites(runs, str(tmp_path / "local"), jobs=2, checkpoints=str(tmp_path / "c1"), poll=0.2)
         == []
