@@ -357,6 +357,8 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
     axes = np.atleast_2d(axes)
     for row, m in zip(axes, methods, strict=True):
         for ax, (key, title) in zip(row, curves, strict=True):
+            if suite == "stale_async" and key == "rgpo/kl_old" and not _logs(points, m, key):
+                key, title = ASYNC_KL_FALLBACK, f"{title} (TRL's kl)"  # as the table reads it
             for i, p in enumerate(p for p in points if p["method"] == m and p["n"] > 0):
                 per_run = [along_training(r, key) for r in p["runs"]]
                 bins = sorted(set.intersection(*(set(c) for c in per_run))) if per_run else []
@@ -382,6 +384,11 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
     fig.suptitle(f"{suite} along training (seed mean, band ± 1 std, bins of {STEP_BIN} steps)", fontsize=9)
     written.append(_save(fig, out, f"{suite}_per_step.png"))
     return written
+
+
+def _logs(points: list[dict], method: str, key: str) -> bool:
+    """Whether any of ``method``'s runs logged ``key`` along training."""
+    return any(along_training(r, key) for p in points if p["method"] == method for r in p["runs"])
 
 
 def _save(fig, out: str, name: str) -> str:
