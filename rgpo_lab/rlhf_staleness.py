@@ -40,6 +40,10 @@ WINDOW_METRICS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "rejected_frac": (("rgpo/rejected_frac",), np.mean),
     # the gate on r_old alone: rgpo's dual gate logs it apart, rgpo_old's gate is that gate
     "rejected_old": (("rgpo/rejected_frac_old", "rgpo/rejected_frac"), np.mean),
+    # rgpo's dual ratio r = max(r_old, r_ref): the share of tokens where pi / pi_ref is the larger (the gate
+    # read the ratio to the reference there), and the mean gate weight
+    "ref_larger": (("rgpo/ref_ratio_larger_frac",), np.mean),
+    "gate_mean": (("rgpo/gate_mean",), np.mean),
     "clip_frac": (("clip_ratio/region_mean", "cispo_clip_ratio"), np.mean),
     "staleness": (("staleness/mean", "sample/staleness_mean"), np.mean),
 }
@@ -254,7 +258,9 @@ def gate_acted(points: list[dict], suite: str) -> str:
     """Which of RGPO's mechanisms against pi_old acted, freshest level against stalest (numbers, no test):
     the share of tokens the gate on r_old alone rejects (for ``rgpo``, whose gate is dual, the part of its
     rejections the ratio to pi_old accounts for; the pi/pi_ref side is not counted), the KL-to-old
-    controller's kl_coef against its floor, and how far r_b moved."""
+    controller's kl_coef against its floor, and how far r_b moved; for the dual gate also what its
+    pi/pi_ref side did (its whole rejected share, the share of tokens where r_ref was the larger ratio, the
+    mean gate)."""
     from rgpo_trl.core import PAPER_KL_DEFAULTS
 
     letter, spec = STUDIES[suite]
@@ -281,6 +287,14 @@ def gate_acted(points: list[dict], suite: str) -> str:
             f"{then('kl_coef')}, floor {floor:g}); r_b beyond 1.2 {_cell(p['r_beyond_1.2'])}"
             f"{then('r_beyond_1.2')}, beyond 2 {_cell(p['r_beyond_2'])}, largest {_cell(p['r_max'])}."
         )
+        if p["ref_larger"].n:  # the dual gate: what its pi / pi_ref side did
+            out.append(
+                f"Its dual gate as a whole rejected a share {_cell(p['rejected_frac'])}"
+                f"{then('rejected_frac')}; "
+                f"r = max(r_old, r_ref) was the ratio to pi_ref on a share {_cell(p['ref_larger'])}"
+                f"{then('ref_larger')} of the tokens; mean gate weight {_cell(p['gate_mean'])}"
+                f"{then('gate_mean')}."
+            )
     return " ".join(out)
 
 

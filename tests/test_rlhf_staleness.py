@@ -157,6 +157,7 @@ def test_async_runs_read_the_async_trainers_keys(tmp_path):
                     "rgpo/kl_old": 0.002,
                 }
                 row |= {"rgpo/rejected_frac": 0.03, "rgpo/rejected_frac_old": 0.01, "rgpo/kl_coef": 0.4}
+                row |= {"rgpo/ref_ratio_larger_frac": 0.25 + 0.5 * (step > 352), "rgpo/gate_mean": 0.6}
                 row |= {"staleness/mean": 8.0, "sample/staleness_mean": 7.0}
             else:
                 row |= {
@@ -182,3 +183,7 @@ def test_async_runs_read_the_async_trainers_keys(tmp_path):
     text = rlhf_staleness.gate_acted(list(points.values()), "stale_async")
     assert "rgpo at L = 8: the gate on r_old rejected tokens (share 0.010)" in text
     assert "the KL-to-old controller left its floor (kl_coef 0.400" in text
+    # the dual gate's pi/pi_ref side, over the window (steps 305-400: half of them at 0.75)
+    assert rgpo["ref_larger"].mean == pytest.approx(0.5) and grpo["ref_larger"].n == 0
+    assert "Its dual gate as a whole rejected a share 0.030" in text
+    assert "was the ratio to pi_ref on a share 0.500 of the tokens; mean gate weight 0.600." in text
