@@ -51,6 +51,13 @@ ASYNC_KL_FALLBACK = "kl"  # TRL's AsyncGRPOTrainer: k3 KL to the behaviour polic
 HELDOUT = {"gold": "gold", "kl_ref": "kl_ref", "reward": "reward"}
 
 
+def metric_keys(name: str, suite: str) -> tuple[str, ...]:
+    """The per-step keys of WINDOW_METRICS' ``name`` in ``suite``, the first one a run logs wins (the table
+    and the figures read the same ones)."""
+    keys = WINDOW_METRICS[name][0]
+    return (*keys, ASYNC_KL_FALLBACK) if name == "kl_old" and suite == "stale_async" else keys
+
+
 def _window_value(run: dict, keys: tuple[str, ...], reduce: Callable) -> float | None:
     start, end = run["summary"].get("window", (0, 10**9))
     for key in keys:
@@ -82,10 +89,8 @@ def staleness_points(runs: dict[str, list[dict]], suite: str) -> list[dict]:
             }
             for name, key in HELDOUT.items():
                 point[f"{name}_values"] = [r["heldout"].get(key) for r in rs]
-            for name, (keys, reduce) in WINDOW_METRICS.items():
-                if name == "kl_old" and suite == "stale_async":
-                    keys = (*keys, ASYNC_KL_FALLBACK)
-                point[f"{name}_values"] = [_window_value(r, keys, reduce) for r in rs]
+            for name, (_, reduce) in WINDOW_METRICS.items():
+                point[f"{name}_values"] = [_window_value(r, metric_keys(name, suite), reduce) for r in rs]
             for name in (*HELDOUT, *WINDOW_METRICS):
                 point[name] = mean_std(point[f"{name}_values"])
             point["runs"] = rs
@@ -298,13 +303,17 @@ def gate_acted(points: list[dict], suite: str) -> str:
     return " ".join(out)
 
 
-def along_training(run: dict, key: str) -> dict[int, float]:
-    """Mean of ``key`` per bin of `STEP_BIN` optimizer steps (the rows' ``step``)."""
-    by_bin: dict[int, list[float]] = {}
-    for row in run["rows"]:
-        if row.get(key) is not None and np.isfinite(row[key]):
-            by_bin.setdefault((row["step"] - 1) // STEP_BIN, []).append(row[key])
-    return {b: float(np.mean(v)) for b, v in sorted(by_bin.items())}
+def along_training(run: dict, keys: tuple[str, ...]) -> tuple[str | None, dict[int, float]]:
+    """The first of ``keys`` the run logs, and its mean per bin of `STEP_BIN` optimizer steps (the rows'
+    ``step``); (None, {}) if it logs none."""
+    for key in keys:
+        by_bin: dict[int, list[float]] = {}
+        for row in run["rows"]:
+            if row.get(key) is not None and np.isfinite(row[key]):
+                by_bin.setdefault((row["step"] - 1) // STEP_BIN, []).append(row[key])
+        if by_bin:
+            return key, {b: float(np.mean(v)) for b, v in sorted(by_bin.items())}
+    return None, {}
 
 
 def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
@@ -355,26 +364,29 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
     fig.suptitle(f"{suite}: against {letter} (seed mean ± 1 std)", fontsize=10)
     written.append(_save(fig, out, f"{suite}.png"))
 
+    # (keys, first logged wins; title); KL_ref: the monitor's (synchronous), else RGPO's own (asynchronous)
     curves = [
-        ("rewards/gold/mean", "gold (training batches)"),
-        ("kl_ref/monitor", "KL_ref (pi_old to pi_ref)"),
-        ("behaviour/beyond_1.2", "r_b beyond 1.2"),
-        ("behaviour/kl_old", "KLhat_old"),
-        ("rgpo/rejected_frac", "rejected fraction"),
-        ("rgpo/kl_coef", "kl_coef"),
+        (("rewards/gold/mean",), "gold (training batches)"),
+        (("kl_ref/monitor", "rgpo/kl_ref"), "KL_ref"),
+        (metric_keys("r_beyond_1.2", suite), "r_b beyond 1.2"),
+        (metric_keys("kl_old", suite), "KLhat_old"),
+        (("rgpo/rejected_frac",), "rejected fraction"),
+        (("rgpo/kl_coef",), "kl_coef"),
     ]
-    if suite == "stale_async":
-        curves[1] = ("rgpo/kl_ref", "KL_ref (rgpo's)")
-        curves[2] = ("rgpo/ratio_old_beyond_1.2", "r_b beyond 1.2")
-        curves[3] = ("rgpo/kl_old", "KLhat_old")
+    subtitle = {
+        "kl_ref/monitor": " (pi_old to pi_ref)",
+        "rgpo/kl_ref": " (rgpo's)",
+        ASYNC_KL_FALLBACK: " (TRL's kl)",
+    }
     fig, axes = plt.subplots(len(methods), len(curves), figsize=(3 * len(curves), 2.4 * len(methods)))
     axes = np.atleast_2d(axes)
     for row, m in zip(axes, methods, strict=True):
-        for ax, (key, title) in zip(row, curves, strict=True):
-            if suite == "stale_async" and key == "rgpo/kl_old" and not _logs(points, m, key):
-                key, title = ASYNC_KL_FALLBACK, f"{title} (TRL's kl)"  # as the table reads it
+        for ax, (keys, title) in zip(row, curves, strict=True):
+            used = set()
             for i, p in enumerate(p for p in points if p["method"] == m and p["n"] > 0):
-                per_run = [along_training(r, key) for r in p["runs"]]
+                logged = [along_training(r, keys) for r in p["runs"]]
+                used |= {key for key, _ in logged if key}
+                per_run = [c for _, c in logged]
                 bins = sorted(set.intersection(*(set(c) for c in per_run))) if per_run else []
                 if not bins:
                     continue
@@ -385,11 +397,11 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
                 if len(values) > 1:
                     std = values.std(0, ddof=1)
                     ax.fill_between(x, mean - std, mean + std, color=f"C{i}", alpha=0.2, lw=0)
-            ax.set_title(f"{m}: {title}", fontsize=8)
+            ax.set_title(f"{m}: {title}{''.join(subtitle.get(k, '') for k in sorted(used))}", fontsize=8)
             ax.tick_params(labelsize=6)
             if not ax.lines:
                 ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, fontsize=7)
-            elif key in ("rgpo/kl_coef",):
+            elif "rgpo/kl_coef" in keys:
                 ax.set_yscale("log")
         if row[0].lines:
             row[0].legend(fontsize=6)
@@ -398,11 +410,6 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
     fig.suptitle(f"{suite} along training (seed mean, band ± 1 std, bins of {STEP_BIN} steps)", fontsize=9)
     written.append(_save(fig, out, f"{suite}_per_step.png"))
     return written
-
-
-def _logs(points: list[dict], method: str, key: str) -> bool:
-    """Whether any of ``method``'s runs logged ``key`` along training."""
-    return any(along_training(r, key) for p in points if p["method"] == method for r in p["runs"])
 
 
 def _save(fig, out: str, name: str) -> str:
