@@ -220,6 +220,9 @@ def test_controlled_lag_gives_exact_staleness_and_the_gate_acts(model_path, tmp_
         assert log["staleness/mean"] == log["staleness/max"] == min(s - 1, 2)
     assert logs[0]["rgpo/ratio_old_max"] == pytest.approx(1.0, abs=1e-4) and logs[0]["rgpo/kl_old"] < 1e-8
     assert logs[-1]["rgpo/ratio_old_max"] > 1.05 and logs[-1]["rgpo/kl_old"] > 1e-4  # stale samples: r moved
+    # shares with max(r, 1 / r) beyond 1.2 and 2: none while r == 1, nested after
+    assert logs[0]["rgpo/ratio_old_beyond_1.2"] == logs[0]["rgpo/ratio_old_beyond_2"] == 0.0
+    assert all(0 <= log["rgpo/ratio_old_beyond_2"] <= log["rgpo/ratio_old_beyond_1.2"] <= 1 for log in logs)
     assert logs[-1]["rgpo/rejected_frac_staleness2plus"] == pytest.approx(logs[-1]["rgpo/rejected_frac"])
     assert logs[-1]["staleness/tokens_2plus"] == 1.0 and math.isnan(logs[-1]["rgpo/weight_mean_staleness0"])
     replay = AdaptiveKLController()

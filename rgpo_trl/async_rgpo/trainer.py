@@ -262,6 +262,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
         w, rejected, r_old = e["weight"].double(), e["rejected"].double(), e["ratio_old"]
         staleness = (self._published_version() - packed.versions).to(torch.float64)
         one = torch.ones_like(w)
+        spread = torch.maximum(r_old, 1 / r_old)  # beyond x as behaviour/beyond_x and the MuJoCo scripts
         sums = {
             "rgpo/gate_mean": e["gate"].double(),
             "rgpo/weight_mean": w,
@@ -269,9 +270,8 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             "rgpo/kl_old": e["kl_old"].double(),
             "rgpo/rejected_frac": rejected,
             "rgpo/ratio_old_mean": r_old.double(),
-            # max(r, 1 / r) beyond x: as the synchronous methods' behaviour/beyond_x and the MuJoCo scripts
-            "rgpo/ratio_old_beyond_1.2": (torch.maximum(r_old, 1 / r_old) > 1.2).double(),
-            "rgpo/ratio_old_beyond_2": (torch.maximum(r_old, 1 / r_old) > 2.0).double(),
+            "rgpo/ratio_old_beyond_1.2": (spread > 1.2).double(),
+            "rgpo/ratio_old_beyond_2": (spread > 2.0).double(),
             "entropy": packed.entropy.detach().double(),
             "staleness/mean": staleness,
         }
