@@ -784,6 +784,9 @@ class RatioAnchor:
     """the decoupled objective's weight; None: unweighted"""
     stats: dict[str, float] = field(default_factory=dict)
     """how stale the rollout is (`behaviour_ratio_stats`), for the row of metrics.csv; empty on-policy"""
+    start_logprobs: torch.Tensor | None = None
+    """the learner's log-probs of the rollout as the update starts (None on-policy, where they equal
+    ``logprobs``): what the gate or the clip sees before the first epoch is exp(start_logprobs - logprobs)"""
 
 
 class PolicyLag:
@@ -824,8 +827,12 @@ class PolicyLag:
         prox = self.proximal_log_prob(batch.obs, batch.actions)
         stats = behaviour_ratio_stats(prox, batch.logprobs)
         if not decoupled:
-            return RatioAnchor(batch.logprobs, None, stats)
-        return RatioAnchor(prox, truncated_weight(prox, batch.logprobs, max_is_weight), stats)
+            return RatioAnchor(batch.logprobs, None, stats, prox)
+        weight = truncated_weight(prox, batch.logprobs, max_is_weight)
+        stats["is_weight_truncated_frac"] = float(
+            (prox - batch.logprobs > math.log(max_is_weight)).double().mean()
+        )
+        return RatioAnchor(prox, weight, stats, prox)
 
     def state_dict(self) -> dict:
         return {"lag": self.lag, "ring": [list(entry) for entry in self.ring]}
@@ -855,6 +862,22 @@ def behaviour_ratio_stats(prox_logprob: torch.Tensor, behaviour_logprob: torch.T
         "behaviour_ratio_beyond_1.2": float((far > math.log(1.2)).double().mean()),
         "behaviour_ratio_beyond_2": float((far > math.log(2.0)).double().mean()),
         "behaviour_kl": float((torch.expm1(log_r) - log_r).mean()),
+    }
+
+
+def start_of_update_stats(anchor: RatioAnchor) -> dict[str, float]:
+    """What the update's ratio r = pi / anchor is before its first epoch (under stale samples; {} on-policy):
+    the share with max(r, 1 / r) beyond 1.2 and beyond 2 and the largest r. The epoch means of the same
+    quantities are taken after the update has moved the learner, so they understate what the gate or the clip
+    had to act on; plain objectives see r = pi / pi_behaviour here, decoupled ones r = 1."""
+    if anchor.start_logprobs is None:
+        return {}
+    log_r = anchor.start_logprobs.double() - anchor.logprobs.double()
+    far = log_r.abs()
+    return {
+        "start_ratio_beyond_1.2": float((far > math.log(1.2)).double().mean()),
+        "start_ratio_beyond_2": float((far > math.log(2.0)).double().mean()),
+        "start_ratio_max": float(log_r.exp().max()),
     }
 
 

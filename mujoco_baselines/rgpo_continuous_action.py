@@ -134,6 +134,13 @@ def main(args: Args) -> dict:
             # ---- stale samples: the ratio's anchor is the behaviour policy, or with --decoupled the proximal
             # policy (the learner now) with the truncated weight pi_prox / pi_behaviour
             anchor = staleness.anchor(batch, args.decoupled, args.max_is_weight)
+            start = common.start_of_update_stats(anchor)  # what the gate sees before the first epoch
+            if anchor.start_logprobs is not None:
+                gate_start = rgpo_trl.rgpo_diagnostics(anchor.start_logprobs, anchor.logprobs, gate)
+                start.update(
+                    start_rejected_frac=float(gate_start["rejected_frac"]),
+                    start_gate_mean=float(gate_start["gate_mean"]),
+                )
 
             # ---- update: the gated loss with the adaptive KL-to-old penalty, stopped by the KL backstop
             beta = update.scalar(kl_ctl.kl_coef)  # this iteration's KL-to-old coefficient
@@ -163,6 +170,7 @@ def main(args: Args) -> dict:
             kl_ctl.update(row["kl"])  # from this iteration's mean KL
             row.update(kl_coef=kl_coef_used, kl_coef_next=kl_ctl.kl_coef, backstop=int(backstop))
             row.update(anchor.stats)
+            row.update(start)
             run.log(iteration, row)
         return run.finish()
 

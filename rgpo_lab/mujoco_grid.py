@@ -80,6 +80,60 @@ def lag_variants(lag: int) -> tuple[tuple[str, tuple[str, ...]], ...]:
     )
 
 
+# policy_lag_confirm's arms at L = 8 (variant name, script, flags). The two component arms each change one
+# piece of a decoupled method: PPO with RGPO's adaptive KL penalty and backstop (against decoupled RGPO only
+# the gate differs) and RGPO without them, beta fixed at 0 and no backstop (against decoupled RGPO only the
+# controller differs).
+LAG8 = ("--policy-lag", "8")
+CONFIRM_ARMS = (
+    ("ppo", "lag8_decoupled", (*LAG8, "--decoupled")),
+    ("rgpo", "lag8_decoupled", (*LAG8, "--decoupled")),
+    ("ppo", "lag8_decoupled_klpenalty", (*LAG8, "--decoupled", "--kl-penalty")),
+    (
+        "rgpo",
+        "lag8_decoupled_nokl",
+        (*LAG8, "--decoupled", "--kl-controller", "fixed", "--kl-coef", "0", "--kl-backstop", "0"),
+    ),
+)
+CONFIRM_ENVS = ["Walker2d-v4", "Ant-v4", "Hopper-v4"]
+
+
+def _confirm_suite() -> list[GridRun]:
+    """policy_lag_confirm (issue 46), fixed before its runs: L = 8, seeds 0-9, the three environments, the
+    four arms of CONFIRM_ARMS; L = 0 for seeds 5-9 of PPO and RGPO (seeds 0-4 are main_compiled's and
+    annealed5's); Hopper's plain L = 8 arms at seeds 0-4 (Walker2d's and Ant's are policy_lag's). A run
+    that an earlier suite already made on the same code path (script, flags, --compile, deterministic
+    evaluation) is listed under that suite and found finished there; the rest are this suite's (140 runs).
+    Per seed, L = 8 first."""
+    runs = []
+    for seed in range(10):
+        for env in CONFIRM_ENVS:
+            for method, variant, flags in CONFIRM_ARMS:
+                reused = seed < 5 and env != "Hopper-v4" and variant == "lag8_decoupled"
+                runs.append(
+                    GridRun(
+                        "policy_lag" if reused else "policy_lag_confirm",
+                        method,
+                        env,
+                        seed,
+                        1_000_000,
+                        variant,
+                        flags,
+                    )
+                )
+        for env in CONFIRM_ENVS:
+            for method in ("ppo", "rgpo"):
+                if seed < 5 and env == "Hopper-v4":
+                    runs.append(GridRun("policy_lag_confirm", method, env, seed, 1_000_000, "lag8", LAG8))
+                elif seed < 5:
+                    runs.append(GridRun("policy_lag", method, env, seed, 1_000_000, "lag8", LAG8))
+        for env in CONFIRM_ENVS:
+            for method in ("ppo", "rgpo"):
+                suite = "policy_lag_confirm" if seed >= 5 else ("main_compiled" if seed < 3 else "annealed5")
+                runs.append(GridRun(suite, method, env, seed))
+    return runs
+
+
 # The paper's experiments at full scale. Seeds, steps and variants are fixed here, before any result is seen.
 PPO_KL_VARIANTS = (
     ("no_gradclip", ("--max-grad-norm", "0")),
@@ -172,6 +226,10 @@ SUITES: dict[str, list[GridRun]] = {
         ),
         key=lambda run: (run.seed, "lag2" in run.variant),  # per seed, the stalest level first
     ),
+    # Stale samples confirmed or refuted (issue 46): 10 seeds, Hopper added, the components of the decoupled
+    # methods apart; the reading rule is results/mujoco/policy_lag_confirm/RULES.md, committed before the
+    # runs. Meant to run with --compile.
+    "policy_lag_confirm": _confirm_suite(),
     # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (read by
     # rgpo_lab/benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(

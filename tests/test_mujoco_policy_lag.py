@@ -17,6 +17,13 @@ STALE_KEYS = [
     "behaviour_ratio_beyond_1.2",
     "behaviour_ratio_beyond_2",
     "behaviour_kl",
+    "is_weight_truncated_frac",
+    "start_ratio_beyond_1.2",
+    "start_ratio_beyond_2",
+    "start_ratio_max",
+    "start_rejected_frac",
+    "start_gate_mean",
+    "start_clipfrac",
 ]
 
 
