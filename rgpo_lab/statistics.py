@@ -84,6 +84,50 @@ def iqm(x) -> float:
     return float(stats.trim_mean(np.asarray(x, float), 0.25))
 
 
+def optimality_gap(x, threshold: float = 1.0) -> float:
+    """rliable's optimality gap: how far normalised scores fall short of ``threshold`` on average,
+    mean(max(0, threshold - x)); scores above the threshold earn nothing extra."""
+    return float(np.mean(np.maximum(0.0, threshold - np.asarray(x, float))))
+
+
+class AggregateDifference(NamedTuple):
+    a: float  # the statistic of arm a's pooled scores
+    b: float
+    diff: float  # a - b
+    low: float  # 95% stratified-bootstrap interval of diff
+    high: float
+    p: float  # two-sided: twice the smaller tail of the resampled differences at 0
+
+
+def aggregate_difference(
+    a_per_env: Sequence,
+    b_per_env: Sequence,
+    statistic: Callable | None = None,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> AggregateDifference:
+    """statistic(pooled a) - statistic(pooled b) over several environments (default: the IQM of normalised
+    scores), with rliable's stratified bootstrap: each arm's runs resampled within each environment. nan (not
+    tested) where an environment has fewer than 2 runs in an arm."""
+    statistic = statistic or iqm
+    a_groups = [np.asarray(x, float)[np.isfinite(np.asarray(x, float))] for x in a_per_env]
+    b_groups = [np.asarray(x, float)[np.isfinite(np.asarray(x, float))] for x in b_per_env]
+    nan = float("nan")
+    if not a_groups or any(len(g) == 0 for g in (*a_groups, *b_groups)):
+        return AggregateDifference(nan, nan, nan, nan, nan, nan)
+    va, vb = statistic(np.concatenate(a_groups)), statistic(np.concatenate(b_groups))
+    if any(len(g) < 2 for g in (*a_groups, *b_groups)):
+        return AggregateDifference(va, vb, va - vb, nan, nan, nan)
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(n_boot)
+    for i in range(n_boot):
+        ra = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in a_groups])
+        rb = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in b_groups])
+        diffs[i] = statistic(ra) - statistic(rb)
+    low, high, p = _percentile_interval_and_p(diffs)
+    return AggregateDifference(float(va), float(vb), float(va - vb), low, high, p)
+
+
 def probability_of_improvement(x, y) -> float:
     """P(X > Y) + 0.5 P(X = Y) over all pairs: the Mann-Whitney U statistic / (n m)."""
     x, y = np.asarray(x, float)[:, None], np.asarray(y, float)[None, :]

@@ -9,10 +9,12 @@ import pytest
 from scipy import stats
 
 from rgpo_lab.statistics import (
+    aggregate_difference,
     change_difference_test,
     holm,
     iqm,
     mean_std,
+    optimality_gap,
     performance_profile,
     probability_of_improvement,
     ratio_difference_test,
@@ -117,3 +119,29 @@ def test_change_difference_test_against_a_normal_approximation():
     same = change_difference_test(a1, a16, a1, a16, n_boot=2000)
     assert same.diff == 0 and same.p > 0.5
     assert np.isnan(change_difference_test([1.0], a16, b1, b16).p)  # fewer than 2 values: not tested
+
+
+def test_optimality_gap_by_hand():
+    assert optimality_gap([0.2, 1.5, 0.9, -0.4]) == pytest.approx((0.8 + 0 + 0.1 + 1.4) / 4)
+    assert optimality_gap([2.0, 3.0]) == 0.0
+
+
+def test_aggregate_difference_pools_environments_and_resamples_within_each():
+    """The point estimate is the IQM of the pooled scores; the stratified bootstrap's interval for a
+    difference of pooled means matches the normal approximation from the per-environment variances, and a
+    resample never moves a run between environments (a constant shift of one environment stays exact)."""
+    rng = np.random.default_rng(0)
+    a = [rng.normal(1.2, 0.2, 10), rng.normal(0.9, 0.2, 10), rng.normal(1.0, 0.2, 10)]
+    b = [rng.normal(0.7, 0.2, 10), rng.normal(0.5, 0.2, 10), rng.normal(0.6, 0.2, 10)]
+    t = aggregate_difference(a, b, n_boot=4000)
+    assert t.a == pytest.approx(stats.trim_mean(np.concatenate(a), 0.25))
+    assert t.diff == pytest.approx(t.a - t.b) and t.low < t.diff < t.high and t.p < 0.01
+    m = aggregate_difference(a, b, statistic=np.mean, n_boot=20_000)
+    se = math.sqrt(sum(x.var() / len(x) for x in (*a, *b))) / 3
+    assert (m.high - m.low) / (2 * 1.96) == pytest.approx(se, rel=0.1)
+    same = aggregate_difference(a, a, n_boot=2000)
+    assert same.diff == 0 and same.p > 0.5
+    # within-environment resampling: two arms that differ by 0.3 in every run of every environment
+    shifted = aggregate_difference([x + 0.3 for x in a], a, statistic=np.mean, n_boot=200)
+    assert shifted.diff == pytest.approx(0.3) and shifted.p < 0.05
+    assert np.isnan(aggregate_difference([a[0][:1]], [b[0]]).p)  # fewer than 2 runs: not tested
