@@ -1,7 +1,8 @@
 """RGPOTrainer's state is its own: it sets no attribute that GRPOTrainer or transformers' Trainer create
 (recorded through training with the adaptive entropy bonus, a checkpoint and a resume), and its adaptive
 entropy controller (GRPOTrainer's rule on RGPO's `EntropyControllerState`) survives a checkpoint: a resumed
-run continues the uninterrupted run's ``entropy_coef`` sequence."""
+run continues the uninterrupted run's ``entropy_coef`` sequence. GRPOTrainer's public ``entropy_coef`` is the
+coefficient in force throughout (TRL's adaptive-entropy tests, on RGPOTrainer)."""
 
 from __future__ import annotations
 
@@ -110,11 +111,11 @@ def test_rgpo_trainer_sets_no_attribute_of_grpo_trainer_or_trainer(model_path, t
     assert not ours & (owned | theirs), f"RGPOTrainer sets attributes of GRPOTrainer/Trainer: {ours & owned}"
 
     for trainer in (full, resumed):
-        # GRPOTrainer's controller state is as its __init__ left it (its own checkpoint restores those values)
-        assert trainer.entropy_coef == 0.05 and trainer._last_world_entropy == math.inf
-        assert trainer._entropy_window_stats is None
-        # RGPO's moved: four optimizer steps up by delta
-        assert trainer.entropy_ctl.coef == pytest.approx(0.13)
+        # GRPOTrainer's private controller state is as its __init__ left it (its own checkpoint restores it)
+        assert trainer._last_world_entropy == math.inf and trainer._entropy_window_stats is None
+        # RGPO's moved: four optimizer steps up by delta; the public entropy_coef is a view of it, not stored
+        assert trainer.entropy_ctl.coef == pytest.approx(0.13) == trainer.entropy_coef
+        assert "entropy_coef" not in vars(trainer)
         assert math.isfinite(trainer.entropy_ctl.last_world_entropy)
 
 
@@ -132,6 +133,8 @@ def test_adaptive_entropy_controller_survives_a_checkpoint(model_path, tmp_path)
     ckpt = tmp_path / "full" / "checkpoint-2"
     saved = json.loads((ckpt / ENTROPY_CONTROLLER_FILE).read_text())
     assert (saved["entropy_coef"], saved["last_world_entropy"]) == full_states[1]
+    # GRPOTrainer's own file holds the coefficient in force too (read through entropy_coef)
+    assert json.loads((ckpt / "entropy_ctrl_state.json").read_text())["entropy_coef"] == full_states[1][0]
 
     resumed = make_trainer(model_path, tmp_path / "resumed")
     resumed_states = _ControllerSnapshots(resumed).states
@@ -150,6 +153,64 @@ def test_adaptive_entropy_controller_survives_a_checkpoint(model_path, tmp_path)
     for ours, theirs in zip(resumed_records, full_records[4:], strict=True):
         assert torch.equal(ours["inputs"]["completion_ids"], theirs["inputs"]["completion_ids"])
         torch.testing.assert_close(ours["loss"], theirs["loss"], atol=1e-6, rtol=0)
+
+
+class _PublicCoefficient(TrainerCallback):
+    """What a user callback sees: (``trainer.entropy_coef``, the controller's coefficient) when training
+    starts (after a resume's checkpoint is loaded) and after every optimizer step."""
+
+    def __init__(self, trainer):
+        self.trainer, self.seen = trainer, []
+        trainer.add_callback(self)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.seen.append((self.trainer.entropy_coef, self.trainer.entropy_ctl.coef))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.append((self.trainer.entropy_coef, self.trainer.entropy_ctl.coef))
+
+
+@pytest.mark.parametrize(
+    ("entropy_target", "accumulation", "expected"),
+    [
+        # every window's entropy lies above a target of 0: down by delta per step to entropy_coef_min (0)
+        (0.0, 1, [0.03, 0.01, 0.0, 0.0]),
+        # ... and below a target of 100: up by delta per step
+        (100.0, 2, [0.07, 0.09, 0.11, 0.13]),
+    ],
+    ids=["adaptive_entropy", "adaptive_entropy_gradient_accumulation"],
+)
+def test_train_with_adaptive_entropy(model_path, tmp_path, entropy_target, accumulation, expected):
+    """TRL's test_train_with_adaptive_entropy and its gradient-accumulation twin on RGPOTrainer: the public
+    ``entropy_coef`` (which those tests and user callbacks read) moves from the config's 0.05 by
+    entropy_coef_delta per optimizer step (GRPOTrainer's rule, by hand: ``expected``) and equals the
+    controller's coefficient at every step, at the end, and when a resumed run starts from a checkpoint."""
+    options = dict(gradient_accumulation_steps=accumulation, entropy_target=entropy_target)
+    full = make_trainer(model_path, tmp_path / "full", **options)
+    full_seen = _PublicCoefficient(full).seen
+    full.train()
+    assert [public for public, _ in full_seen] == pytest.approx([0.05, *expected], abs=1e-12)
+    assert all(public == ctl for public, ctl in full_seen)
+    assert full.entropy_coef == full.entropy_ctl.coef != 0.05
+    assert _logged(full, "entropy_coef") == [public for public, _ in full_seen[1:]]
+
+    resumed = make_trainer(model_path, tmp_path / "resumed", **options)
+    resumed_seen = _PublicCoefficient(resumed).seen
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
+    # the checkpoint's coefficient from the first moment, then the uninterrupted run's sequence
+    assert [public for public, _ in resumed_seen] == pytest.approx(expected[1:], abs=1e-12)
+    assert all(public == ctl for public, ctl in resumed_seen)
+    assert resumed.entropy_coef == resumed.entropy_ctl.coef == full.entropy_coef
+
+
+def test_entropy_coef_written_by_a_user_is_the_coefficient_in_force(model_path, tmp_path):
+    """GRPOTrainer's attribute is writable; on RGPOTrainer a write sets the controller's coefficient (the next
+    step's rule starts from it)."""
+    trainer = make_trainer(model_path, tmp_path, max_steps=1, save_strategy="no")
+    trainer.entropy_coef = 0.5
+    assert trainer.entropy_ctl.coef == 0.5 and "entropy_coef" not in vars(trainer)
+    trainer.train()
+    assert trainer.entropy_coef == trainer.entropy_ctl.coef == pytest.approx(0.52)
 
 
 def test_resume_refuses_a_corrupt_or_mismatched_entropy_controller_file_and_warns_on_a_missing_one(

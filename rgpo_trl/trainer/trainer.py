@@ -22,10 +22,11 @@ them.
 
 RGPOTrainer sets none of the attributes GRPOTrainer or transformers' Trainer create (a test records every
 assignment through training, checkpointing and resuming). In particular GRPOTrainer's adaptive entropy
-controller (``entropy_coef``, ``_last_world_entropy``, ``_entropy_window_stats``) belongs to GRPOTrainer's
-loss, which this trainer replaces: the same rule runs on RGPO's own state, `EntropyControllerState` in
-``entropy_ctl``, initialised as GRPOTrainer initialises its own, and TRL's attributes keep the values its
-``__init__`` gave them.
+controller belongs to GRPOTrainer's loss, which this trainer replaces: the same rule runs on RGPO's own state,
+`EntropyControllerState` in ``entropy_ctl``, initialised as GRPOTrainer initialises its own. GRPOTrainer's
+public ``entropy_coef`` is a property reading (and writing) ``entropy_ctl.coef``, so it is always the
+coefficient in force, as TRL's tests and user callbacks expect; its private ``_last_world_entropy`` and
+``_entropy_window_stats`` keep the values its ``__init__`` gave them.
 
 The other additions are the adaptive KL-to-old controller (paper Eq. beta_update) and its bookkeeping. One
 RGPO *iteration* is one generation batch and all its reuse (``num_iterations * steps_per_generation``
@@ -84,7 +85,8 @@ class EntropyControllerState:
 
     GRPOTrainer keeps this state in its own attributes (``entropy_coef``, ``_last_world_entropy``,
     ``_entropy_window_stats``) and updates it inside its ``_compute_loss``; RGPOTrainer replaces that method,
-    so it keeps the state here instead of writing GRPOTrainer's. `from_config` initialises it as
+    so it keeps the state here instead of writing GRPOTrainer's (``RGPOTrainer.entropy_coef``, the public
+    attribute, is a property of ``coef``). `from_config` initialises it as
     ``GRPOTrainer.__init__`` initialises its own; ``RGPOTrainer._apply_entropy_bonus`` applies and updates it
     as GRPOTrainer's ``_compute_loss`` does; ``state_dict`` is what GRPOTrainer's checkpoint saves of its own
     (the coefficient and the last window's entropy; the window is empty at an optimizer step, where
@@ -144,9 +146,8 @@ class RGPOTrainer(GRPOTrainer):
     ``ref_ratio_larger_frac`` and ``rejected_frac_old`` (the gate on r_old alone), and once per iteration
     ``kl_old_iteration`` (the controller's input).
 
-    The entropy coefficient in force is ``entropy_ctl.coef`` (logged as ``entropy_coef``, as GRPOTrainer logs
-    its own); GRPOTrainer's ``entropy_coef`` attribute belongs to its replaced loss and stays at the config's
-    value.
+    The entropy coefficient in force is ``entropy_coef`` (as in GRPOTrainer; a property of ``entropy_ctl``,
+    RGPO's controller state) and is logged as ``entropy_coef``, as GRPOTrainer logs its own.
     """
 
     _tag_names = ["trl", "rgpo"]
@@ -162,14 +163,15 @@ class RGPOTrainer(GRPOTrainer):
                 f"RGPOTrainer needs an RGPOConfig (got {type(args).__name__}): the RGPO gate, ratio mode and "
                 "KL controller settings live there."
             )
+        # the entropy bonus's controller, initialised as GRPOTrainer.__init__ initialises its own (pinned);
+        # before that __init__, which sets and reads entropy_coef, a property of this state
+        self.entropy_ctl = EntropyControllerState.from_config(args)
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self.gate = args.make_gate()
         self.ratio_mode = args.ratio_mode
         self.kl_ctl = args.make_kl_controller()
         self.iteration_length = micro_batches_per_iteration(args)
         self._reset_iteration_stats()
-        # the entropy bonus's controller, initialised as GRPOTrainer.__init__ initialises its own (pinned)
-        self.entropy_ctl = EntropyControllerState.from_config(args)
         if self.args.gradient_accumulation_steps % self.iteration_length == 0 and not (
             self.use_vllm and self.vllm_importance_sampling_correction
         ):
@@ -181,6 +183,18 @@ class RGPOTrainer(GRPOTrainer):
                 "Set num_iterations >= 2 for a non-trivial trust region.",
                 stacklevel=2,
             )
+
+    # ------------------------------------------------------------------ entropy coefficient
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy coefficient in force, ``entropy_ctl.coef``: GRPOTrainer's public attribute, which TRL's
+        tests and user callbacks read, backed by RGPO's controller so the two cannot disagree."""
+        return self.entropy_ctl.coef
+
+    @entropy_coef.setter
+    def entropy_coef(self, value: float) -> None:
+        # GRPOTrainer's writes (its __init__, its checkpoint restore) and a user's set the controller's
+        self.entropy_ctl.coef = float(value)
 
     # ------------------------------------------------------------------ KL controller
     @property
@@ -210,7 +224,8 @@ class RGPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         """GRPOTrainer's checkpoint, and the controllers' states next to it: the KL controller's always, the
         entropy controller's when adaptive (as GRPOTrainer saves its own; its ``entropy_ctrl_state.json``
-        there holds GRPOTrainer's unused initial values)."""
+        there holds the coefficient in force, read through ``entropy_coef``, beside its own unused
+        ``_last_world_entropy``)."""
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             folder = checkpoint_folder(self, trial)
@@ -219,9 +234,13 @@ class RGPOTrainer(GRPOTrainer):
                 save_controller(self.entropy_ctl, folder, ENTROPY_CONTROLLER_FILE)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        coef = self.entropy_ctl.coef
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
+        # GRPOTrainer has just set entropy_coef (the controller's) from its entropy_ctrl_state.json; RGPO's
+        # own file is the one restored below, with its entropy and its checks, so that write is undone first
+        self.entropy_ctl.coef = coef
         load_kl_controller(self.kl_ctl, checkpoint, "KL-to-old")
         if self.use_adaptive_entropy:
             load_controller(
