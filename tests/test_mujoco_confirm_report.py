@@ -113,6 +113,7 @@ def test_no_significant_difference_attributes_no_cause():
         }
     ] + [{"aggregate": {"verdict": "higher"}}] * (len(rep.COMPARISONS) - 1)
     words = rep.attribution_words(comparisons)
-    assert (
-        "not confirmed (no significant difference)" in words and "cause" not in words.split(":")[-1][:0] + ""
-    )
+    assert "not confirmed (no significant difference)" in words and "no cause is attributed" in words
+    assert "cause:" not in words
+    comparisons[0]["aggregate"].update(diff=-0.3, p_holm=0.01, verdict="lower")
+    assert "refuted" in rep.attribution_words(comparisons)
