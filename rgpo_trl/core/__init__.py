@@ -4,6 +4,14 @@ Imports nothing from the trainer, the RLHF recipe or gymnasium, so the TRL train
 run the same loss code.
 """
 
+from .corrections import (
+    CORRECTIONS,
+    Correction,
+    CorrectionTerms,
+    describe_corrections,
+    make_correction,
+    register_correction,
+)
 from .gates import (
     GATES,
     LOG_RATIO_CLAMP,
@@ -43,6 +51,12 @@ from .objective import (
 )
 
 __all__ = [
+    "CORRECTIONS",
+    "Correction",
+    "CorrectionTerms",
+    "describe_corrections",
+    "make_correction",
+    "register_correction",
     "PAPER_KL_DEFAULTS",
     "GATES",
     "KL_CONTROLLERS",
