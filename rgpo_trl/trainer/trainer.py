@@ -41,6 +41,7 @@ on ``resume_from_checkpoint``.
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 import warnings
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from .checkpoint import (
     save_kl_controller,
 )
 from .config import RGPOConfig, micro_batches_per_iteration
+from .model_card import build_model_card
 
 __all__ = ["ENTROPY_CONTROLLER_FILE", "KL_CONTROLLER_FILE", "EntropyControllerState", "RGPOTrainer"]
 
@@ -219,6 +221,20 @@ class RGPOTrainer(GRPOTrainer):
         if self._step % self.iteration_length == 0:  # that was the iteration's last micro-batch
             self._end_iteration()
         return output
+
+    # ------------------------------------------------------------------ model card
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+    ) -> None:
+        """Write ``README.md`` to ``output_dir`` as TRL's card does (TRL calls this at every checkpoint and
+        on ``push_to_hub``), built by `rgpo_trl.trainer.model_card.build_model_card`: TRL's card assumes hub
+        names and links a local model or dataset to huggingface.co, titles it "None" and lists no settings."""
+        if self.is_world_process_zero():
+            card = build_model_card(self, model_name, dataset_name, tags)
+            card.save(os.path.join(self.args.output_dir, "README.md"))
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):
