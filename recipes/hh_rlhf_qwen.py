@@ -64,6 +64,7 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     from accelerate import PartialState
     from transformers import AutoTokenizer
 
+    from rgpo_trl.rlhf.input_checks import checkpoint_load_errors
     from rgpo_trl.rlhf.methods import get_rlhf_method, make_trainer
     from rgpo_trl.rlhf.metrics_log import IterationMetricsWriter, quiet_console
     from rgpo_trl.rlhf.offline import run_offline
@@ -142,7 +143,8 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
             state.num_processes,
             training_args.output_dir,
         )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    with checkpoint_load_errors(training_args.resume_from_checkpoint):  # checked by the parser; the load too
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     finish(trainer, script_args, training_args)
     heldout_after_training(evaluation, trainer, training_args, model_args, state.num_processes)
     summary = {}

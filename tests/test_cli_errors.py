@@ -4,6 +4,7 @@ the MuJoCo scripts' description, rounding notice and closing line, and the demo'
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,24 @@ def test_mujoco_script_help_rounding_notice_and_closing_line(tmp_path):
             ],
             "--reward_model_name: options must be given in full (did you mean --reward_model_name_or_path?)",
         ),
+        # the fields passed on to transformers, TRL and torch, refused before the models load (torch's
+        # optimizer would refuse the learning rate after them; TRL's config divides by num_generations)
+        (
+            ["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--learning_rate", "-1"],
+            "learning_rate must be a finite number > 0, got -1.0",
+        ),
+        (
+            ["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--num_generations", "0"],
+            "num_generations must be an integer >= 2",
+        ),
+        (
+            ["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--trainer", "async", "--num_generations", "3"],
+            "processes = 16 must be a multiple of num_generations = 3",
+        ),
+        (
+            ["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--max_completion_length", "0"],
+            "max_completion_length must be an integer >= 1, got 0",
+        ),
     ],
 )
 def test_recipe_bad_input_is_one_line(flags, needle, tmp_path):
@@ -96,6 +115,76 @@ def test_recipe_bad_input_is_one_line(flags, needle, tmp_path):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stdout + r.stderr and not out.exists()
+
+
+@pytest.fixture(scope="module")
+def recipe_checkpoint(tmp_path_factory, quick_assets):
+    """A real checkpoint of the recipe (one tiny-world iteration, saved at its second optimizer step) and
+    the command line that resumes from a copy of it (its folder to be appended)."""
+    from conftest import assets_cache_root
+
+    argv = [str(ROOT / "recipes" / "hh_rlhf_qwen.py"), "--config", "recipes/configs/hh_rlhf_tiny.yaml"]
+    argv += ["--tiny_quick", "--cache_dir", str(assets_cache_root(quick_assets)), "--num_rl_iterations", "1"]
+    argv += ["--max_completion_length", "8", "--heldout_prompts", "0", "--disable_tqdm", "true"]
+    run = tmp_path_factory.mktemp("recipe_checkpoint") / "run"
+    r = _run([*argv, "--save_steps", "2", "--output_dir", str(run)], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return run / "checkpoint-2", argv
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize(
+    "name,damage,needle",
+    [
+        ("rgpo_kl_controller.json", lambda p: p.write_text('{"kl_coef": '), "not valid JSON"),
+        ("trainer_state.json", lambda p: p.write_bytes(b"garbage\x00\x01"), "not valid JSON"),
+        ("model.safetensors", _truncate, "unreadable (Error while deserializing header"),
+    ],
+    ids=["kl_controller", "trainer_state", "safetensors"],
+)
+def test_recipe_resume_from_a_corrupt_checkpoint_is_one_line(
+    recipe_checkpoint, tmp_path, name, damage, needle
+):
+    """A damaged file of the checkpoint is named, with what to do, before the models load and before the
+    output folder exists (the Trainer would fail on it after both, with a long traceback)."""
+    checkpoint, argv = recipe_checkpoint
+    copy = tmp_path / "checkpoint-2"
+    shutil.copytree(checkpoint, copy)
+    damage(copy / name)
+    out = tmp_path / "out"
+    r = _run([*argv, "--output_dir", str(out), "--resume_from_checkpoint", str(copy)], ROOT)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {copy / name}: {needle}"), r.stderr
+    assert f"delete the checkpoint folder {copy} or point --resume_from_checkpoint at another one" in lines[0]
+    assert "Traceback" not in r.stdout + r.stderr and not out.exists()
+
+
+def test_recipe_checkpoint_that_fails_to_load_names_its_weights(recipe_checkpoint, tmp_path):
+    """The intact checkpoint passes the parser's check; weights damaged after it (as a concurrent write
+    would) fail inside the Trainer's load, which safetensors reports without a file name: the recipe names
+    the folder's weight files instead."""
+    import importlib.util
+
+    from rgpo_trl.cli import UsageError
+    from rgpo_trl.rlhf.parsing import parse_recipe_args
+
+    checkpoint, argv = recipe_checkpoint
+    copy = tmp_path / "checkpoint-2"
+    shutil.copytree(checkpoint, copy)
+    parsed = parse_recipe_args(
+        [*argv[1:], "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(copy)]
+    )
+    _truncate(copy / "model.safetensors")
+    spec = importlib.util.spec_from_file_location("hh_rlhf_qwen", ROOT / "recipes" / "hh_rlhf_qwen.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    with pytest.raises(UsageError, match="model.safetensors: failed to load") as info:
+        recipe.main(*parsed)
+    assert "delete the checkpoint folder" in str(info.value)
 
 
 def _evaluation(reward, gold, kl_ref=0.0, k=2):

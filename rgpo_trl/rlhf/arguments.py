@@ -5,7 +5,9 @@ description first."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
@@ -222,13 +224,35 @@ def model_config_without(names: set[str]) -> type:
     return make_dataclass("ModelConfig", kept, namespace={"__post_init__": ModelConfig.__post_init__})
 
 
-def make_recipe_parser(config_class: type, model_config: type = ModelConfig) -> TrlParser:
+class RecipeParser(TrlParser):
+    """TrlParser that hands the parsed values (field name -> value, the YAML and the command line applied) to
+    ``check`` before the dataclasses are built: their ``__post_init__`` (TRL's GRPOConfig) divides by some of
+    them, so a range check after the build would come after a ZeroDivisionError."""
+
+    def __init__(self, *args: Any, check: Callable[[dict[str, Any]], None] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.check = check
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        if self.check is not None:
+            self.check(vars(namespace))
+        return namespace, rest
+
+
+def make_recipe_parser(
+    config_class: type,
+    model_config: type = ModelConfig,
+    check: Callable[[dict[str, Any]], None] | None = None,
+) -> RecipeParser:
     """The recipe's TrlParser over (HHScriptArguments, ``config_class``, ``model_config``): a description at
     the top of --help, the script's own fields first, and no abbreviated options (argparse's
     ``allow_abbrev``, passed through by HfArgumentParser): the early read of `rgpo_trl.rlhf.parsing` takes
-    the options in full, so the parse must too."""
-    return TrlParser(
+    the options in full, so the parse must too. ``check`` sees the parsed values before the configs are
+    built (`RecipeParser`)."""
+    return RecipeParser(
         (HHScriptArguments, config_class, model_config),
+        check=check,
         usage=USAGE,
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -9,6 +9,7 @@ import os
 
 from transformers import AutoModelForCausalLM
 
+from .input_checks import checkpoint_load_errors
 from .methods import get_rlhf_method, make_trainer
 from .prompt_splits import training_pairs, training_prompts
 from .recipe_evaluation import RunEvaluation, summary_window
@@ -67,7 +68,8 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         reward_model.to(trainer.accelerator.device)
         window = summary_window(script_args, training_args.max_steps // steps_per_iteration)
         evaluation.add_validation(trainer, training_args, validation_prompts, steps_per_iteration, window)
-        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        with checkpoint_load_errors(training_args.resume_from_checkpoint):
+            trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         finish(trainer, script_args, training_args)
         model, ref_model = trainer.accelerator.unwrap_model(trainer.model), trainer.ref_model
         device = trainer.accelerator.device

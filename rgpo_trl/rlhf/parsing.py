@@ -37,6 +37,7 @@ from transformers import HfArgumentParser
 from ..cli import UsageError
 from .arguments import HHScriptArguments, PresetGeneration, make_recipe_parser, model_config_without
 from .hub_access import ensure_loadable, hub_offline
+from .input_checks import check_async_batch, check_field_ranges, check_resume_checkpoint
 from .worlds import TINY_PREFIX, WORLDS, unknown_tiny_asset
 
 CONFIG_DIR = (
@@ -203,6 +204,9 @@ def _parse_and_check(argv: list[str], check_hub: bool, config_dir: Path) -> tupl
         _check_async(script_args, training_args, model_args)
     elif not method.online:  # the generation settings an offline method reads, typed (and so checked) now
         script_args.preset_generation = preset_generation(script_args.unused_preset_settings)
+        check_field_ranges(vars(script_args.preset_generation))
+    if training_args.resume_from_checkpoint is not None:
+        check_resume_checkpoint(training_args.resume_from_checkpoint, training_args)
     return script_args, training_args, model_args
 
 
@@ -238,13 +242,15 @@ def _method_and_parser(early: EarlySettings, run_name: str) -> tuple[Any, Any]:
         from .async_methods import get_async_method
 
         method = get_async_method(early.method)
-        parser = make_recipe_parser(method.config_class, model_config_without({"dtype"}))
+        parser = make_recipe_parser(
+            method.config_class, model_config_without({"dtype"}), check=check_field_ranges
+        )
         output_dir = f"runs/hh_rlhf_qwen/{run_name}-{method.name}-async"
     else:
         from .methods import get_rlhf_method
 
         method = get_rlhf_method(early.method)
-        parser = make_recipe_parser(method.config_class)
+        parser = make_recipe_parser(method.config_class, check=check_field_ranges)
         output_dir = f"runs/hh_rlhf_qwen/{run_name}-{method.name}"
     parser.set_defaults(**method.config, method=method.name, output_dir=output_dir)
     return method, parser
@@ -302,6 +308,7 @@ def _check_async(script_args, training_args, model_args) -> None:
     if lag is not None and script_args.async_rollout == "vllm":
         raise ValueError("rollout_lag needs async_rollout='in_process' (a vLLM server generates freely)")
     model_args.dtype = training_args.dtype  # one --dtype, declared by the trainer config
+    check_async_batch(training_args)
     if lag is not None and not 1 <= lag <= training_args.max_staleness:
         raise ValueError(
             f"rollout_lag must be in [1, max_staleness = {training_args.max_staleness}], got {lag}: older "
