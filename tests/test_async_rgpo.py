@@ -15,8 +15,9 @@ import torch
 
 warnings.filterwarnings("ignore", message=".*trl.experimental.*")
 
+from _async_utils import config, step_logs, trainer_with_worker  # noqa: E402
+
 from rgpo_trl.async_rgpo import (  # noqa: E402
-    AsyncRGPOConfig,
     AsyncRGPOTrainer,
     InProcessRolloutWorker,
     InProcessWeightTransfer,
@@ -38,46 +39,6 @@ def model_path(tmp_path_factory):
     tiny_model(tok).save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
-
-
-def config(tmp_path, **overrides) -> AsyncRGPOConfig:
-    args = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        max_steps=5,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        num_generations=4,
-        max_completion_length=8,
-        token_budget=0,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-2,
-        max_staleness=4,
-        disable_tqdm=True,
-    )
-    return AsyncRGPOConfig(**{**args, **overrides})
-
-
-def trainer_with_worker(model_path, args, reward=vowel_reward, lag=2, **worker_kwargs):
-    tok = tiny_tokenizer()
-    worker = InProcessRolloutWorker(model_path, tok, tiny_dataset(), [reward], args, lag=lag, **worker_kwargs)
-    trainer = AsyncRGPOTrainer(
-        model_path,
-        args=args,
-        train_dataset=tiny_dataset(),
-        processing_class=tok,
-        rollout_worker=worker,
-        weight_transfer=InProcessWeightTransfer(worker),
-    )
-    return trainer, worker
-
-
-def step_logs(trainer) -> list[dict]:
-    return [h for h in trainer.state.log_history if "loss" in h]
 
 
 # ------------------------------------------------------------------------------------------------ CPU shims

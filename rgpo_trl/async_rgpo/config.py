@@ -20,13 +20,35 @@ from typing import Any
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from ..core import PAPER_KL_DEFAULTS, RATIO_MODES, describe_gates
+from ..core import (
+    CORRECTIONS,
+    PAPER_KL_DEFAULTS,
+    RATIO_MODES,
+    describe_corrections,
+    describe_gates,
+    make_correction,
+)
 from ..trainer.config import RGPOLossSettings
+from .sampler import SAMPLER_DTYPES, SAMPLER_QUANTIZATIONS, check_sampler_settings
 
+# the settings only the rgpo correction reads
+RGPO_ONLY_FIELDS = (
+    "gate",
+    "gate_params",
+    "ratio_mode",
+    "kl_controller",
+    "kl_coef",
+    "kl_target",
+    "kl_coef_min",
+    "kl_coef_max",
+    "beta",
+)
 # AsyncGRPOConfig fields the RGPO loss does not read, refused when changed (the gate replaces the clip).
 REFUSED_IF_SET = {
     "epsilon": (
-        "the PPO clipping range is not used by the RGPO loss, which gates instead (see `gate`, `gate_params`)"
+        "the PPO clipping range is not used by the RGPO loss, which gates instead (see `gate`, "
+        "`gate_params`); PPO's clip against the sampler is off_policy_correction='ppo_clip' with "
+        "correction_params eps_low / eps_high"
     ),
     "epsilon_high": "the PPO upper clipping range is not used by the RGPO loss, which gates instead",
 }
@@ -51,7 +73,11 @@ class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
         beta (`float`, defaults to `0.0`): fixed KL-to-reference coefficient beta_ref (paper RLHF: 0.05).
     """
 
-    _VALID_DICT_FIELDS = [*getattr(AsyncGRPOConfig, "_VALID_DICT_FIELDS", []), "gate_params"]
+    _VALID_DICT_FIELDS = [
+        *getattr(AsyncGRPOConfig, "_VALID_DICT_FIELDS", []),
+        "gate_params",
+        "correction_params",
+    ]
 
     gate: str = field(
         default="sigmoid",
@@ -115,7 +141,81 @@ class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
         },
     )
 
+    off_policy_correction: str = field(
+        default="rgpo",
+        metadata={
+            "help": "Per-token loss for samples whose log-probs come from the sampler (rgpo_trl.core."
+            f"corrections; more with rgpo_trl.register_correction). Built in, with defaults: "
+            f"{describe_corrections()}. 'rgpo' uses the gate, ratio mode and KL controller above; the "
+            "others use none of them (changing those settings with another correction is refused).",
+            "choices": list(CORRECTIONS),
+        },
+    )
+    correction_params: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Parameters of the correction as a dict or JSON string, e.g. '{\"cap\": 2}' for tis; "
+            "missing ones take the published default, unknown names and values out of range are refused."
+        },
+    )
+    sampler_dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "InProcessRolloutWorker only: the sampler's copy of the policy in this dtype while the "
+            "trainer trains in float32 (a bf16 rollout engine); it reports its own log-probs.",
+            "choices": list(SAMPLER_DTYPES),
+        },
+    )
+    sampler_quantization: str = field(
+        default="none",
+        metadata={
+            "help": "InProcessRolloutWorker only: 'int8' quantises the sampler's Linear layers dynamically "
+            "(torch.ao; the CPU analogue of an int8 / fp8 rollout engine).",
+            "choices": list(SAMPLER_QUANTIZATIONS),
+        },
+    )
+    sampler_logit_noise: float = field(
+        default=0.0,
+        metadata={
+            "help": "InProcessRolloutWorker only: sigma of Gaussian noise added to the sampler's logits "
+            "before sampling (a dose of mismatch; >= 0, 0 = none)."
+        },
+    )
+    sampler_top_p: float = field(
+        default=1.0,
+        metadata={
+            "help": "InProcessRolloutWorker only: nucleus truncation in the sampler, not in the trainer (the "
+            "setting behind TRL issue 6789); in (0, 1], 1 = none."
+        },
+    )
+
+    def make_correction(self):
+        """The configured off-policy correction (checked at construction)."""
+        return make_correction(self.off_policy_correction, **(self.correction_params or {}))
+
     def __post_init__(self):
+        if isinstance(self.correction_params, str):
+            import json
+
+            try:
+                self.correction_params = json.loads(self.correction_params)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"correction_params must be a JSON object, got {self.correction_params!r}"
+                ) from err
+        if self.correction_params is not None and not isinstance(self.correction_params, dict):
+            raise ValueError(f"correction_params must be a dict, got {self.correction_params!r}")
+        self.make_correction()  # name and parameters, named in the error
+        check_sampler_settings(
+            self.sampler_dtype, self.sampler_quantization, self.sampler_logit_noise, self.sampler_top_p
+        )
+        if self.off_policy_correction != "rgpo":
+            changed = [name for name in RGPO_ONLY_FIELDS if _changed(self, name)]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} only apply with off_policy_correction='rgpo' (got "
+                    f"{self.off_policy_correction!r}): leave them at their defaults"
+                )
         self._validate_gate_and_kl()
         for name, why in REFUSED_IF_SET.items():
             default = AsyncGRPOConfig.__dataclass_fields__[name].default
@@ -129,4 +229,11 @@ class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
     @property
     def needs_reference(self) -> bool:
         """Whether the loss reads the frozen reference model's log-probs."""
-        return self.ratio_mode != "old" or self.beta > 0
+        return self.off_policy_correction == "rgpo" and (self.ratio_mode != "old" or self.beta > 0)
+
+
+def _changed(config: AsyncRGPOConfig, name: str) -> bool:
+    value, default = getattr(config, name), AsyncRGPOConfig.__dataclass_fields__[name].default
+    if name == "gate_params":  # None and {} both mean the gate's defaults
+        return bool(value)
+    return value != default

@@ -89,6 +89,7 @@ class PackedForward(NamedTuple):
     old_log_probs: torch.Tensor  # the behaviour policy's (the sampler's)
     advantages: torch.Tensor
     versions: torch.Tensor  # the weight version each token's sample was generated with
+    segments: torch.Tensor  # the sample each token belongs to (sequence-level corrections)
     model_inputs: dict[str, torch.Tensor]  # the packed row, for the reference model
     token_index: torch.Tensor
     tokens_per_rank: torch.Tensor
@@ -109,6 +110,14 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
     ``rgpo/kl_ref``, ``rgpo/ratio_ref_mean`` / ``_max``; ``staleness/mean`` / ``max`` (versions behind the
     last published weights, per trained token) and ``rgpo/rejected_frac_staleness{0,1,2plus}``,
     ``rgpo/weight_mean_staleness{...}``, ``staleness/tokens_{...}``.
+
+    ``off_policy_correction`` picks the per-token loss from `rgpo_trl.core.corrections` (default ``rgpo``;
+    ``ppo_clip`` is AsyncGRPOTrainer's own loss). Whatever the loss, the mismatch between the trainer and the
+    sampler at this step's forward is logged as the literature measures it: ``mismatch/abs_log_ratio_mean``
+    (mean |log pi - log mu|), ``mismatch/outside_0.9_1.1``, ``mismatch/outside_0.5_2``,
+    ``mismatch/below_gate_rejection`` (g(r) < 0.1 for the configured gate), the largest r
+    (``rgpo/ratio_old_max``) and K3 KL (``rgpo/kl_old``, mean r - 1 - log r); and the correction's weight on
+    A grad log pi: ``correction/weight_mean``, ``_max``, ``correction/zero_weight_frac``.
     """
 
     _tag_names = ["trl", "rgpo", "async-grpo"]
@@ -133,6 +142,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self.gate = args.make_gate()
         self.kl_ctl = args.make_kl_controller()
+        self.correction = args.make_correction()  # the per-token loss against the sampler's log-probs
         self.ref_model = self._load_reference(model) if args.needs_reference else None
         # the global sum of KLhat_old over this optimizer step's trained tokens, and their number
         self._step_kl = torch.zeros(2, dtype=torch.float64)
@@ -216,6 +226,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             old_log_probs=inputs["old_log_probs"][selected],
             advantages=inputs["advantages"][selected],
             versions=inputs["model_version"][selected],
+            segments=inputs["segment_id"][selected],
             model_inputs=model_inputs,
             token_index=token_index,
             tokens_per_rank=(global_n_tokens / self.accelerator.num_processes)
@@ -242,20 +253,27 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             ref_logps=ref_logps,
             ratio_mode=self.args.ratio_mode,
         )
-        per_token = terms.policy + self.kl_ctl.kl_coef * terms.kl_old
-        if self.args.beta > 0:
-            per_token = per_token + self.args.beta * terms.kl_ref
+        if self.correction.uses_rgpo_settings:
+            per_token = terms.policy + self.kl_ctl.kl_coef * terms.kl_old
+            if self.args.beta > 0:
+                per_token = per_token + self.args.beta * terms.kl_ref
+            weight = None  # the gate's w(r), from the diagnostics
+        else:  # another correction's loss; the gate's log-ratios still give the mismatch statistics
+            out = self.correction.terms(
+                packed.log_probs, packed.old_log_probs, packed.advantages, segment_ids=packed.segments
+            )
+            per_token, weight = out.loss, out.weight
         # TRL's normalisation: the micro-batch's trained tokens per process, then gradient accumulation
         loss = per_token.sum() / packed.tokens_per_rank / self.current_gradient_accumulation_steps
         if packed.aux_loss is not None:
             loss = (
                 loss + self.router_aux_loss_coef * packed.aux_loss / self.current_gradient_accumulation_steps
             )
-        self._log_rgpo(terms, packed)
+        self._log_rgpo(terms, packed, weight)
         return loss
 
     @torch.no_grad()
-    def _log_rgpo(self, terms, packed: PackedForward) -> None:
+    def _log_rgpo(self, terms, packed: PackedForward, correction_weight: torch.Tensor | None = None) -> None:
         """Global (all processes) token-weighted statistics of this micro-batch, as (sum, count) pairs that
         TRL's logger reduces over the logging window; maxima as maxima."""
         e = per_element_diagnostics(terms.log_ratios, self.gate)  # the loss's log-ratios, not formed again
@@ -263,6 +281,8 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
         staleness = (self._published_version() - packed.versions).to(torch.float64)
         one = torch.ones_like(w)
         spread = torch.maximum(r_old, 1 / r_old)  # beyond x as behaviour/beyond_x and the MuJoCo scripts
+        log_r_old = terms.log_ratios.old.detach().double()
+        weight = w if correction_weight is None else correction_weight.double()
         sums = {
             "rgpo/gate_mean": e["gate"].double(),
             "rgpo/weight_mean": w,
@@ -273,6 +293,14 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             "rgpo/ratio_old_beyond_1.2": (spread > 1.2).double(),
             "rgpo/ratio_old_beyond_2": (spread > 2.0).double(),
             "entropy": packed.entropy.detach().double(),
+            # the sampler/trainer mismatch as the literature measures it (pi / mu at this step's forward)
+            "mismatch/abs_log_ratio_mean": log_r_old.abs(),
+            "mismatch/outside_0.9_1.1": ((r_old < 0.9) | (r_old > 1.1)).double(),
+            "mismatch/outside_0.5_2": ((r_old < 0.5) | (r_old > 2.0)).double(),
+            "mismatch/below_gate_rejection": (self.gate.g(terms.log_ratios.old.detach()) < 0.1).double(),
+            # the correction's weight on A grad log pi per token (RGPO: g'(r) r)
+            "correction/weight_mean": weight,
+            "correction/zero_weight_frac": (weight == 0).double(),
             "staleness/mean": staleness,
         }
         if "kl_ref" in e:
@@ -306,20 +334,23 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
             [
                 r_old.max(),
                 staleness.max().float(),
+                weight.max().float(),
                 e["ratio_ref"].max() if "ratio_ref" in e else r_old.new_tensor(0.0),
             ]
         )
         maxima = self.accelerator.gather(local_max[None].to(self.accelerator.device)).amax(0).tolist()
         metrics["rgpo/ratio_old_max"].append(maxima[0])
         metrics["staleness/max"].append(maxima[1])
+        metrics["correction/weight_max"].append(maxima[2])
         if "ratio_ref" in e:
-            metrics["rgpo/ratio_ref_max"].append(maxima[2])
+            metrics["rgpo/ratio_ref_max"].append(maxima[3])
         mean_w, mean_w_sq = (
             totals[keys.index("rgpo/weight_mean")] / count,
             totals[keys.index("rgpo/weight_sq_mean")] / count,
         )
         metrics["rgpo/ess"].append(ess_from_moments(mean_w, mean_w_sq).item())
-        metrics["rgpo/kl_coef"].append(self.kl_ctl.kl_coef)
+        if self.correction.uses_rgpo_settings:
+            metrics["rgpo/kl_coef"].append(self.kl_ctl.kl_coef)
         if self.model.training:
             self._step_kl += torch.tensor(
                 [totals[keys.index("rgpo/kl_old")].item(), count], dtype=torch.float64
@@ -331,7 +362,7 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
         self._micro_batches += 1
         if self._micro_batches % self.args.gradient_accumulation_steps == 0:
             kl_sum, count = self._step_kl.tolist()
-            if count > 0:
+            if count > 0 and self.correction.uses_rgpo_settings:  # only RGPO's loss reads the coefficient
                 mean_kl = kl_sum / count
                 self.kl_ctl.update(mean_kl)
                 self._metrics["train"]["rgpo/kl_old_step"].append(mean_kl)

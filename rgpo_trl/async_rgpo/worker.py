@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList
+
+from .sampler import LogitNoise, SamplerSettings, sampled_log_probs, sampler_model
 
 WORKER_NAME = "InProcessRolloutWorker"
 
@@ -99,6 +101,7 @@ class InProcessRolloutWorker:
                 "counts "
                 "one published weight version per optimizer step"
             )
+        self.sampler = SamplerSettings.from_args(args)  # sampler_dtype & co: a sampler unlike the trainer
         sampling = {"top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}
         for name, neutral in sampling.items():
             value = getattr(args, name, neutral)
@@ -106,7 +109,7 @@ class InProcessRolloutWorker:
                 raise ValueError(
                     f"{name}={value!r} is not supported by {WORKER_NAME}: it samples from softmax(logits / "
                     "temperature), the distribution its behaviour log-probs describe; leave "
-                    f"{name} at {neutral!r}"
+                    f"{name} at {neutral!r} (sampler_top_p truncates in the sampler only, as a mismatch)"
                 )
         if max_queued_steps < 1:
             raise ValueError(f"max_queued_steps must be >= 1, got {max_queued_steps}")
@@ -131,6 +134,10 @@ class InProcessRolloutWorker:
 
             self.model = copy.deepcopy(model)
         self.model.eval().requires_grad_(False)
+        self.sampling_model = sampler_model(self.model, self.sampler)
+        self._noise = (
+            LogitNoise(self.sampler.logit_noise, args.seed + 1) if self.sampler.logit_noise else None
+        )
         eos = self.model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.eos_token_ids = sorted({*eos, self.tokenizer.eos_token_id} - {None})
@@ -236,6 +243,7 @@ class InProcessRolloutWorker:
                 params = dict(self.model.named_parameters())
                 for name, tensor in state.items():
                     params[name].copy_(tensor)
+            self.sampling_model = sampler_model(self.model, self.sampler)  # the bf16 / int8 copy of them
             self._loaded_version = need
         return need
 
@@ -284,18 +292,38 @@ class InProcessRolloutWorker:
             do_sample=True,
             temperature=self.args.temperature,
             top_k=0,
-            top_p=1.0,
+            top_p=self.sampler.top_p,
             max_new_tokens=self.args.max_completion_length,
             num_return_sequences=g,
             pad_token_id=tok.pad_token_id,
             eos_token_id=self.eos_token_ids,
         )
-        sequences = self.model.generate(**batch, generation_config=config)
-        self._heartbeat = time.monotonic()
         width = batch["input_ids"].shape[1]
+        if self.sampler.active:  # the sampler's own log-probs of what it sampled, as vLLM reports them
+            processors = LogitsProcessorList([self._noise] if self._noise is not None else [])
+            out = self.sampling_model.generate(
+                **batch,
+                generation_config=config,
+                logits_processor=processors,
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
+            sequences = out.sequences
+            sampled = sampled_log_probs(out.scores, sequences[:, width:])
+        else:
+            sequences = self.model.generate(**batch, generation_config=config)
+        self._heartbeat = time.monotonic()
         completions = [_until_eos(seq[width:].tolist(), self.eos_token_ids) for seq in sequences]
         full = [prompt_ids[i // g] + c for i, c in enumerate(completions)]
-        logps = self._behaviour_logprobs(full)
+        if self.sampler.active:
+            logps = [
+                np.concatenate([np.zeros(len(prompt_ids[i // g])), sampled[i, : len(c)].numpy()]).astype(
+                    np.float32
+                )
+                for i, c in enumerate(completions)
+            ]
+        else:
+            logps = self._behaviour_logprobs(full)
         texts = tok.batch_decode([c for c in completions], skip_special_tokens=True)
         prompts = [rows[i // g]["prompt"] for i in range(len(full))]
         chat = not isinstance(prompts[0], str)
