@@ -178,3 +178,35 @@ def test_training_with_a_correction_under_noise_logs_the_mismatch(model_path, tm
 def test_bad_settings_are_refused_at_config_time_by_name(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         config(tmp_path, **overrides)
+
+
+def test_ppo_clip_arm_is_trls_async_grpo_loss(model_path, tmp_path):
+    """The ppo_clip correction on AsyncRGPOTrainer gives AsyncGRPOTrainer's loss on the same packed batch (one
+    code path runs every arm of the mismatch study, and its ppo_clip arm is TRL's trainer as it is)."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from rgpo_trl.async_rgpo import InProcessWeightTransfer
+
+    ours, _ = trainer_with_worker(model_path, config(tmp_path / "a", off_policy_correction="ppo_clip"))
+    base = config(tmp_path / "b").to_dict()
+    trl_fields = {k: v for k, v in base.items() if k in AsyncGRPOConfig.__dataclass_fields__}
+    trl_args = AsyncGRPOConfig(**{**trl_fields, "output_dir": str(tmp_path / "trl")})
+    worker = InProcessRolloutWorker(
+        model_path, tiny_tokenizer(), tiny_dataset(), [vowel_reward], trl_args, lag=2
+    )
+    theirs = AsyncGRPOTrainer(
+        model_path,
+        args=trl_args,
+        train_dataset=tiny_dataset(),
+        processing_class=tiny_tokenizer(),
+        rollout_worker=worker,
+        weight_transfer=InProcessWeightTransfer(worker),
+    )
+    batch, _ = packed_batch(model_path, ours, noise=0.5)
+    losses = []
+    for trainer in (ours, theirs):
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 2
+        losses.append(trainer.compute_loss(trainer.model, batch))
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-8)
+    assert abs(losses[0].item()) > 1e-4

@@ -29,7 +29,9 @@ class HHScriptArguments(ScriptArguments):
         default="rgpo",
         metadata={
             "help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, "
-            "cispo, dpo, or sft (no training: the initial policy through the same evaluation)."
+            "cispo, dpo, or sft (no training: the initial policy through the same evaluation); with "
+            "--trainer async also the off-policy corrections ignore, ppo_clip, tis, icepop, seq_mask, "
+            "rgpo_mu, rgpo_gate (rgpo_trl.rlhf.async_methods)."
         },
     )
     trainer: str = field(
@@ -37,7 +39,9 @@ class HHScriptArguments(ScriptArguments):
         metadata={
             "help": "'sync': TRL's GRPOTrainer family, generation and training in turn; 'async': TRL's "
             "asynchronous trainer (trl.experimental.async_grpo), where samples arrive up to max_staleness "
-            "weight versions old (methods rgpo, rgpo_old, grpo; its fields such as --max_staleness apply).",
+            "weight versions old (methods rgpo, rgpo_old, grpo and the corrections; its fields such as "
+            "--max_staleness and the sampler's --sampler_dtype, --sampler_quantization, "
+            "--sampler_logit_noise, --sampler_top_p apply).",
             "choices": ["sync", "async"],
         },
     )
@@ -201,7 +205,8 @@ DESCRIPTION = """RGPO (and the paper's baselines) on Anthropic HH-RLHF with a pa
 Run a preset: --config recipes/configs/hh_rlhf_{tiny,tiny_paper,paper}.yaml; \
 pick the loss with --method (rgpo,
 rgpo_old, ppo, grpo, ppo_clip_kl, sapo, cispo, dpo, sft; \
-rgpo, rgpo_old and grpo also with --trainer async). The
+rgpo, rgpo_old, grpo and the off-policy corrections ignore, ppo_clip, tis, icepop, seq_mask, \
+rgpo_mu, rgpo_gate with --trainer async). The
 recipe's own options come first below, then TRL's GRPOConfig / RGPOConfig fields (RGPO's: gate, gate_params,
 ratio_mode, kl_controller, kl_coef, kl_target, kl_coef_min, kl_coef_max, beta) and ModelConfig's (PEFT:
 --use_peft --lora_r 16)."""

@@ -4,6 +4,9 @@
   behaviour policy, beta_ref = 0.05: the synchronous ``rgpo`` with the sampler as pi_old.
 - ``rgpo_old``: the same with the gate on pi/pi_behaviour alone.
 - ``grpo``: TRL's own `AsyncGRPOTrainer` (PPO clip at 0.2 against the behaviour policy, no reference).
+- the sampler-mismatch study's corrections on `AsyncRGPOTrainer`, no reference: ``ignore``, ``ppo_clip``,
+  ``tis``, ``icepop``, ``seq_mask`` (rgpo_trl.core.corrections), ``rgpo_mu`` (the gate on pi / pi_sampler
+  with the adaptive KL to it) and ``rgpo_gate`` (the same gate, coefficient fixed at 0).
 
 `build_async_trainer` builds the recipe's trainer for one of them, with its rollout worker. Imported only for
 ``--trainer async``: TRL's asynchronous trainer lives in ``trl.experimental``.
@@ -72,6 +75,42 @@ ASYNC_METHODS = {
         {"staleness_dequeued": "sample/staleness_mean"},
     ),
 }
+
+
+# The off-policy corrections of the sampler-mismatch study (issue 47), all on AsyncRGPOTrainer so that one
+# code path runs every arm, none with a reference penalty but rgpo_dual (the ``rgpo`` method above):
+# ``ppo_clip`` is AsyncGRPOTrainer's loss (a test checks they are equal), ``rgpo_mu`` the gate on
+# pi / pi_sampler with the adaptive KL to the sampler, ``rgpo_gate`` the same gate with the coefficient fixed
+# at 0.
+CORRECTION_METRICS = {
+    "kl_old": "rgpo/kl_old",
+    "mismatch": "mismatch/abs_log_ratio_mean",
+    "outside_0.9_1.1": "mismatch/outside_0.9_1.1",
+    "outside_0.5_2": "mismatch/outside_0.5_2",
+    "below_rejection": "mismatch/below_gate_rejection",
+    "ratio_max": "rgpo/ratio_old_max",
+    "weight_mean": "correction/weight_mean",
+    "zero_weight_frac": "correction/zero_weight_frac",
+    "staleness": "staleness/mean",
+}
+for _name in ("ignore", "ppo_clip", "tis", "icepop", "seq_mask"):
+    ASYNC_METHODS[_name] = AsyncRLHFMethod(
+        _name, AsyncRGPOTrainer, AsyncRGPOConfig, {"off_policy_correction": _name}, CORRECTION_METRICS
+    )
+ASYNC_METHODS["rgpo_mu"] = AsyncRLHFMethod(
+    "rgpo_mu",
+    AsyncRGPOTrainer,
+    AsyncRGPOConfig,
+    {**_RGPO, "beta": 0.0, "ratio_mode": "old"},
+    {**CORRECTION_METRICS, "kl_coef": "rgpo/kl_coef", "rejected_frac": "rgpo/rejected_frac"},
+)
+ASYNC_METHODS["rgpo_gate"] = AsyncRLHFMethod(
+    "rgpo_gate",
+    AsyncRGPOTrainer,
+    AsyncRGPOConfig,
+    {**_RGPO, "beta": 0.0, "ratio_mode": "old", "kl_controller": "fixed", "kl_coef": 0.0},
+    {**CORRECTION_METRICS, "rejected_frac": "rgpo/rejected_frac"},
+)
 
 
 def get_async_method(name: str) -> AsyncRLHFMethod:
