@@ -49,7 +49,7 @@ from rgpo_trl.rlhf.runtime import (
     setup_logging,
     verbose_console,
 )
-from rgpo_trl.rlhf.worlds import resolve_tiny_assets, training_rewards
+from rgpo_trl.rlhf.worlds import gold_function, resolve_tiny_assets, training_rewards
 
 logger = logging.getLogger("rgpo_trl.recipe")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -127,6 +127,7 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
             method,
             state.num_processes,
             table_every=script_args.table_every,
+            scores_gold=gold_function(script_args) is not None,
         )
     )
     if not verbose_console(training_args):

@@ -31,7 +31,15 @@ import numpy as np
 from scipy import stats
 
 from rgpo_lab.rlhf_staleness import STUDIES, build_staleness
-from rgpo_lab.rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, METHODS, ONLINE, REUSE, REUSE_BASE
+from rgpo_lab.rlhf_suite import (
+    FRONTIER_BASE,
+    FRONTIER_BETAS,
+    METHODS,
+    ONLINE,
+    REUSE,
+    REUSE_BASE,
+    read_run_json,
+)
 from rgpo_lab.statistics import holm, matched_difference, mean_std
 from rgpo_lab.statistics import welch as welch_test
 
@@ -57,20 +65,25 @@ def load(results: str) -> dict[str, list[dict]]:
         method, seed = name.rsplit("__s", 1)
         run = {"seed": int(seed), "dir": d}
         for f in ("summary", "heldout"):
-            with open(os.path.join(d, f"{f}.json")) as fh:
-                run[f] = json.load(fh)
+            run[f] = read_run_json(os.path.join(d, f"{f}.json"))
         run["rows"] = read_rows(d)
         runs.setdefault(method, []).append(run)
     return runs
 
 
-def _csv_value(key: str, value: str) -> int | float:
-    return int(float(value)) if key in ("iteration", "step") else float(value)
+def _csv_value(key: str, value: str) -> int | float | str:
+    if key in ("iteration", "step"):
+        return int(float(value))
+    try:
+        return float(value)
+    except ValueError:  # a text field, e.g. gold_missing_reason
+        return value
 
 
 def read_rows(run_dir: str) -> list[dict]:
     """The per-step metric rows of a run: metrics.csv (empty cells: not logged at that step) or
-    metrics.jsonl."""
+    metrics.jsonl (null: a NaN the run logged, read as not logged). Text fields (``gold_missing_reason``) stay
+    text."""
     path = os.path.join(run_dir, "metrics.csv")
     if os.path.exists(path):
         with open(path, newline="") as f:

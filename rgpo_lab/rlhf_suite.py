@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from rgpo_lab import rlhf_mismatch as mm
 from rgpo_lab.job_queue import run_queue
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,14 +98,28 @@ def selected_rates(results: str, world: str = "") -> dict[str, str]:
     return {m: lr for m, lr in chosen.items() if lr is not None}  # a method with an unfinished rate waits
 
 
+TEXT_FIELDS = frozenset({"method", "dataset", "split"})  # a run's JSON fields that are not numbers
+
+
+def read_run_json(path: str) -> dict:
+    """A run's summary.json, heldout.json or validation.json. The recipe writes a number it could not form (a
+    mean over no values) as null, valid JSON, where files written before held NaN: null is read back as NaN
+    (outside `TEXT_FIELDS`), so old and new files read the same."""
+
+    def numbers(obj: dict) -> dict:
+        return {k: float("nan") if v is None and k not in TEXT_FIELDS else v for k, v in obj.items()}
+
+    with open(path) as f:
+        return json.load(f, object_hook=numbers)
+
+
 def read_validation(run_dir: str) -> dict | None:
     """A tuning run's validation result (gold, reward, kl_ref over the window), None if it has not finished; a
     run evaluated at other iterations than its config asks for is refused."""
     path = os.path.join(run_dir, "validation.json")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        result = json.load(f)
+    result = read_run_json(path)
     if result["iterations"] != result["expected_iterations"]:
         raise SystemExit(
             f"{path}: evaluated at {result['iterations']}, expected {result['expected_iterations']}"
@@ -275,6 +290,65 @@ def _stale_async(results: str) -> list[RLHFRun]:
     return runs
 
 
+def _mismatch_level(lag: int) -> tuple[str, ...]:
+    """The mismatch study's common flags (rgpo_lab.rlhf_mismatch.RULE): async trainer at ``lag``, one rate,
+    constant, 400 steps, the test evaluation."""
+    return (
+        *("--trainer", "async", "--rollout_lag", str(lag), "--max_staleness", str(max(4, lag))),
+        *("--learning_rate", mm.LR, "--lr_scheduler_type", "constant", *HELDOUT, "--validation_prompts", "0"),
+        *("--num_rl_iterations", str(mm.STEPS), "--window_start", str(mm.WINDOW_START)),
+        *("--window_end", str(mm.STEPS)),
+    )
+
+
+def _mismatch_precheck(results: str) -> list[RLHFRun]:
+    """The positive control: ignore at fp32 and at the ladder's rungs so far, seeds 1-3."""
+    tags = mm.precheck_tags(mm.read_json("precheck.json"))
+    flags = {"fp32": ()} | {f"sigma{s:g}": ("--sampler_logit_noise", f"{s:g}") for s in mm.PRECHECK_LADDER}
+    return [
+        RLHFRun("v3/mismatch_precheck", "ignore", seed, PAPER_V3, (*_mismatch_level(1), *flags[t]), tag=t)
+        for seed in mm.PRECHECK_SEEDS
+        for t in tags
+    ]
+
+
+def _mismatch_cells() -> dict[str, tuple[str, ...]]:
+    calibration, precheck = mm.read_json("calibration.json"), mm.read_json("precheck.json")
+    if calibration is None:
+        raise SystemExit(
+            "v3/mismatch needs the calibration first: python -m rgpo_lab.rlhf_mismatch calibrate"
+        )
+    if precheck is None or not precheck.get("complete"):
+        raise SystemExit(
+            "v3/mismatch needs the finished pre-check first: python -m rgpo_lab.rlhf_suite "
+            "v3/mismatch_precheck, then python -m rgpo_lab.rlhf_mismatch precheck"
+        )
+    cells = mm.cell_flags(calibration)
+    if precheck["hurt_at"] is not None and precheck["hurt_at"] > 1.0:  # the rung that hurt joins the cells
+        cells[f"sigma{precheck['hurt_at']:g}"] = ("--sampler_logit_noise", f"{precheck['hurt_at']:g}")
+    return cells
+
+
+def _mismatch(results: str) -> list[RLHFRun]:
+    cells = _mismatch_cells()
+    return [
+        RLHFRun("v3/mismatch", method, seed, PAPER_V3, (*_mismatch_level(1), *flags), tag=f"{arm}__{cell}")
+        for seed in mm.SEEDS
+        for cell, flags in cells.items()
+        for arm, method in mm.ARMS.items()
+    ]
+
+
+def _mismatch_lag(results: str) -> list[RLHFRun]:
+    _mismatch_cells()  # the same preconditions; the fp32 control is v3/mismatch's
+    return [
+        RLHFRun("v3/mismatch_lag", method, seed, PAPER_V3, _mismatch_level(lag), tag=f"{arm}__lag{lag}")
+        for seed in mm.SEEDS
+        for lag in (8, 32)
+        for arm, method in mm.ARMS.items()
+    ]
+
+
 # suites built when asked for: the final, frontier and reuse suites read the tuning suite's selection
 SUITE_BUILDERS = {
     "tune": _tune,
@@ -285,6 +359,9 @@ SUITE_BUILDERS = {
     "v3/final": lambda results: _final(results, "v3/", PAPER_V3),
     "v3/stale_sync": _stale_sync,
     "v3/stale_async": _stale_async,
+    "v3/mismatch_precheck": _mismatch_precheck,
+    "v3/mismatch": _mismatch,
+    "v3/mismatch_lag": _mismatch_lag,
 }
 
 DEMO_RATES, DEMO_SEED = ("1e-4", "3e-4", "1e-3"), 1

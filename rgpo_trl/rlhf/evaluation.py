@@ -10,6 +10,7 @@ numbers are comparable.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..core import clamp_log_ratio, kl_ref_estimate
+from .json_io import dump, dumps
 
 
 @torch.no_grad()
@@ -230,7 +232,7 @@ class WindowEvaluation(TrainerCallback):
         kept = [r for r in self._rows() if r["iteration"] <= done]
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
+            f.writelines(dumps(r) + "\n" for r in kept)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.steps_per_iteration:
@@ -240,7 +242,7 @@ class WindowEvaluation(TrainerCallback):
             return
         row = {"iteration": iteration, **self.evaluate(model, self.prompts, self.seed + iteration)}
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(dumps(row) + "\n")
 
     def on_train_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -251,7 +253,13 @@ class WindowEvaluation(TrainerCallback):
             "iterations": [r["iteration"] for r in rows],
             "expected_iterations": self.iterations,
             "prompts": len(self.prompts),
-            **{k: sum(r[k] for r in rows) / len(rows) for k in keys},
+            **{k: _finite_mean([r[k] for r in rows]) for k in keys},
         }
         with open(self.summary_path, "w") as f:
-            json.dump(summary, f, indent=2)
+            dump(summary, f, indent=2)
+
+
+def _finite_mean(values: Sequence[float | None]) -> float:
+    """The mean of the finite values (a row's NaN is written, and read back, as null); NaN when none."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")

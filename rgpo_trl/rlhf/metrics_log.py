@@ -15,15 +15,27 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from .json_io import dump, dumps
 from .methods import BASE_METRICS, RGPO_METRICS, RLHFMethod
 
 logger = logging.getLogger("rgpo_trl.recipe")
+
+GOLD_KEY = BASE_METRICS["gold"]
+GOLD_MISSING = "gold_missing_reason"  # the metrics.jsonl field saying why an iteration has no gold
+NO_GOLD_LOGGED = (
+    "no generation batch's reward metrics were logged in this iteration (with --trainer async a step logs "
+    "the batches the rollout worker finished since the previous step: none here, so a later step averages "
+    "two); the trained samples' proxy reward is still logged"
+)
+NO_GOLD_SCORED = "no sample of the iteration's generation batches could be scored by the gold function (NaN)"
 
 
 class IterationMetricsWriter(TrainerCallback):
     """Writes one JSONL row per logged optimizer step (all of TRL's and RGPO's metrics, plus
     ``iteration`` = generation-batch index) and, at the end, ``summary.json`` with the averages
-    over the evaluation window (the paper: iterations 300-400)."""
+    over the evaluation window (the paper: iterations 300-400). Non-finite values are written as ``null``
+    (valid JSON). With ``scores_gold`` (a world with a gold score), the last row of an iteration that logged
+    no finite gold says why in ``gold_missing_reason``, and the console says it at the first one."""
 
     def __init__(
         self,
@@ -33,6 +45,7 @@ class IterationMetricsWriter(TrainerCallback):
         method: RLHFMethod,
         world_size: int = 1,
         table_every: int = 0,
+        scores_gold: bool = False,
     ):
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self.csv_path = os.path.join(output_dir, "metrics.csv")
@@ -42,8 +55,11 @@ class IterationMetricsWriter(TrainerCallback):
         self.method = method
         self.world_size = world_size
         self.table_every = table_every  # a compact table row every N iterations (0: none), for the console
+        self.scores_gold = scores_gold
         self.rows: list[dict[str, Any]] = []
         self._printed_header = False
+        self._gold_unscored: set[int] = set()  # iterations whose logs held a gold value that was not finite
+        self._told_gold_missing = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -53,7 +69,8 @@ class IterationMetricsWriter(TrainerCallback):
                 # appends (rows logged after the checkpoint by the interrupted run are logged again)
                 kept = [r for r in read_metrics(self.path) if r["step"] <= state.global_step]
                 with open(self.path, "w") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in kept)
+                    f.writelines(dumps(r) + "\n" for r in kept)
+                self.rows = kept
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "train_runtime" in logs:
@@ -63,10 +80,25 @@ class IterationMetricsWriter(TrainerCallback):
             "iteration": (state.global_step - 1) // self.steps_per_iteration + 1,
         }
         row.update({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+        if GOLD_KEY in logs and not _finite(logs[GOLD_KEY]):  # TRL logs None for a metric of NaNs only
+            self._gold_unscored.add(row["iteration"])
         self.rows.append(row)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
         iteration_done = state.global_step % self.steps_per_iteration == 0
+        if iteration_done and self.scores_gold:
+            reason = self.gold_missing(row["iteration"])
+            if reason is not None:
+                row[GOLD_MISSING] = reason
+                if not self._told_gold_missing:
+                    logger.info(
+                        "iteration %d: gold not logged: %s. Such iterations show nan in the table and carry "
+                        "%s in metrics.jsonl",
+                        row["iteration"],
+                        reason,
+                        GOLD_MISSING,
+                    )
+                    self._told_gold_missing = True
+        with open(self.path, "a") as f:
+            f.write(dumps(row) + "\n")
         if self.table_every and iteration_done and row["iteration"] % self.table_every == 0:
             rows = [r for r in self.rows if r["iteration"] == row["iteration"]]
             header, line = format_table(rows, {}, self.window, self.method.metric_columns).split("\n")[:2]
@@ -74,6 +106,12 @@ class IterationMetricsWriter(TrainerCallback):
                 logger.info(header)
                 self._printed_header = True
             logger.info(line)
+
+    def gold_missing(self, iteration: int) -> str | None:
+        """Why ``iteration`` has no finite gold in its rows, or None when it has one."""
+        if any(_finite(r.get(GOLD_KEY)) for r in self.rows if r["iteration"] == iteration):
+            return None
+        return NO_GOLD_SCORED if iteration in self._gold_unscored else NO_GOLD_LOGGED
 
     def on_train_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -83,7 +121,7 @@ class IterationMetricsWriter(TrainerCallback):
         summary = window_summary(rows, self.window, self.method.metric_columns)
         summary.update(method=self.method.name, world_size=self.world_size)
         with open(self.summary_path, "w") as f:
-            json.dump(summary, f, indent=2)
+            dump(summary, f, indent=2)
         logger.info("\n%s", format_table(rows, summary, self.window, self.method.metric_columns))
 
 
@@ -98,6 +136,10 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str) -> None:
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _mean(values: list[float]) -> float:

@@ -3,13 +3,13 @@ dataset's chosen/rejected pairs) and ``sft`` (no training), evaluated like the o
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
 from transformers import AutoModelForCausalLM
 
 from .input_checks import checkpoint_load_errors
+from .json_io import dump, dumps
 from .methods import get_rlhf_method, make_trainer
 from .prompt_splits import training_pairs, training_prompts
 from .recipe_evaluation import RunEvaluation, summary_window
@@ -58,7 +58,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
             result = evaluation.prompts(model, ref_model, validation_prompts, script_args.validation_samples)
             os.makedirs(training_args.output_dir, exist_ok=True)
             with open(os.path.join(training_args.output_dir, "validation.json"), "w") as f:
-                json.dump({"iterations": [0], "expected_iterations": [0], **result}, f, indent=2)
+                dump({"iterations": [0], "expected_iterations": [0], **result}, f, indent=2)
     else:
         pairs = training_pairs(script_args, tokenizer, state, validation_prompts)
         steps_per_iteration = preset.num_iterations  # as many optimizer steps as an online run
@@ -95,8 +95,8 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     )
     os.makedirs(training_args.output_dir, exist_ok=True)
     with open(os.path.join(training_args.output_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+        dump(summary, f, indent=2)
     if script_args.heldout_prompts > 0:
         evaluation.heldout(model, ref_model, training_args.output_dir)
-    logger.info("%s: %s", script_args.method, json.dumps(summary))
+    logger.info("%s: %s", script_args.method, dumps(summary))
     return summary

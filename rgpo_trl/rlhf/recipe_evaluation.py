@@ -5,7 +5,6 @@ with the initial policy), the validation prompts during the summary window (``va
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from .evaluation import WindowEvaluation, comparison_table, evaluate_policy, repeat_prompts
 from .hh_data import load_hh_helpful_prompts
+from .json_io import dump, dumps
 from .worlds import gold_function
 
 logger = logging.getLogger("rgpo_trl.recipe")
@@ -143,8 +143,8 @@ class RunEvaluation:
         )
         written = {k: v for k, v in result.items() if k != "per_completion"}
         with open(os.path.join(output_dir, name), "w") as f:
-            json.dump(written, f, indent=2)
-        logger.info("held-out: %s", json.dumps(written))
+            dump(written, f, indent=2)
+        logger.info("held-out: %s", dumps(written))
         return result
 
     def print_comparison(self, trained, model_args, training_args) -> None:
