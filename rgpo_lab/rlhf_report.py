@@ -4,6 +4,9 @@ held-out evaluation the paper does not have, and the figures.
     python -m rgpo_lab.rlhf_report results/rlhf/tiny-paper [--out results/rlhf/tiny-paper/report]
     python -m rgpo_lab.rlhf_report results/rlhf --studies   # tune/ final/ frontier/ reuse/ together
 
+Run from the repository root of a checkout (cd <checkout> first, or PYTHONPATH=<checkout>): the lab is not
+installed with the package, and elsewhere Python finds no module rgpo_lab.
+
 Reads only ``<method>__s<seed>/{summary.json, heldout.json, metrics.csv}`` (or ``metrics.jsonl``, the same
 rows; results/ keeps the CSV). Per method: mean +- sample std (ddof 1) over the finished seeds (n stated) of
 the window averages (the paper's iterations 300-400) of the proxy reward, KL_ref and gold, and of the held-out

@@ -2,6 +2,9 @@
 
     python -m rgpo_lab.rlhf_select results/rlhf/tune      # -> selection.json and selection.md in that folder
 
+Run from the repository root of a checkout (cd <checkout> first, or PYTHONPATH=<checkout>): the lab is not
+installed with the package, and elsewhere Python finds no module rgpo_lab.
+
 The rule (set in `rgpo_lab/rlhf_suite.py` before any tuning run): for every method, the learning rate
 whose run has the highest mean gold score on the 256 validation prompts (held out of the training split; never
 the test prompts), averaged over the evaluations at iterations 325, 350, 375 and 400 (validation.json). A

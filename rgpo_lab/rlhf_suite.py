@@ -5,6 +5,9 @@ finished runs skipped, interrupted runs resumed from their latest Trainer checkp
     python -m rgpo_lab.rlhf_suite --list
     python -m rgpo_lab.rlhf_report results/rlhf/tiny-paper     # the table and figures
 
+Run from the repository root of a checkout (cd <checkout> first, or PYTHONPATH=<checkout>): the lab is not
+installed with the package, and elsewhere Python finds no module rgpo_lab.
+
 Each run writes ``results/rlhf/<suite>/<method>__s<seed>/``: metrics.jsonl / metrics.csv (per iteration),
 summary.json (window averages; for DPO its end-of-run evaluation), heldout.json (the shared held-out
 evaluation) and run.log. Checkpoints (``checkpoint-*``) stay there while a run is unfinished (git-ignored) and
