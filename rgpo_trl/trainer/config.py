@@ -253,6 +253,17 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
         },
     )
 
+    gate_on_sampler: bool = field(
+        default=False,
+        metadata={
+            "help": "Gate on pi / pi_sampler, the log-probs the sampler (vLLM, or a rollout_func that "
+            "returns logprobs) reported for what it sampled, instead of pi / pi_old times GRPOTrainer's "
+            "importance-sampling factor: RGPO's gate and its KL-to-behaviour penalty then act on the "
+            "sampler/trainer mismatch itself, as in AsyncRGPOTrainer. TRL's vllm_importance_sampling_* "
+            "factor is not applied (the gate replaces it). A batch without sampler log-probs is refused."
+        },
+    )
+
     def __post_init__(self):
         self._validate_rgpo()
         super().__post_init__()

@@ -175,7 +175,7 @@ class RGPOTrainer(GRPOTrainer):
         self.iteration_length = micro_batches_per_iteration(args)
         self._reset_iteration_stats()
         if self.args.gradient_accumulation_steps % self.iteration_length == 0 and not (
-            self.use_vllm and self.vllm_importance_sampling_correction
+            (self.use_vllm and self.vllm_importance_sampling_correction) or args.gate_on_sampler
         ):
             warnings.warn(
                 "With these settings GRPOTrainer never reuses a generation batch before an optimizer step "
@@ -281,6 +281,8 @@ class RGPOTrainer(GRPOTrainer):
             advantages = advantages.unsqueeze(1)
         # None when GRPOTrainer does not reuse the batch: on-policy, r_old == 1 (the core handles None).
         old_logps = inputs.get("old_per_token_logps")
+        if self.args.gate_on_sampler:
+            old_logps = self._sampler_logps(inputs, per_token_logps)
         ref_logps = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         sequence_mask = mask if self.importance_sampling_level == "sequence" else None
         terms = rgpo_terms(
@@ -307,7 +309,7 @@ class RGPOTrainer(GRPOTrainer):
                 mask=mask,
                 off_policy_threshold=self.off_policy_mask_threshold,
             )
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction and not self.args.gate_on_sampler:
             policy = policy * inputs["importance_sampling_ratio"]
         per_token_loss = policy + self.kl_ctl.kl_coef * terms.kl_old
         if ref_logps is not None:
@@ -332,6 +334,19 @@ class RGPOTrainer(GRPOTrainer):
         diag = log_ratio_diagnostics(terms.log_ratios, self.gate, mask=mask)
         self._log_rgpo_metrics(mode, diag, entropies, mask)
         return loss
+
+    @staticmethod
+    def _sampler_logps(inputs, per_token_logps: torch.Tensor) -> torch.Tensor:
+        """gate_on_sampler's behaviour log-probs: the sampler's own (``sampling_per_token_logps``); a token
+        the sampler reported no log-prob for (NaN, as vLLM may) gets the trainer's, so its ratio is 1, as
+        TRL neutralises it."""
+        sampled = inputs.get("sampling_per_token_logps")
+        if sampled is None:
+            raise ValueError(
+                "gate_on_sampler=True needs the sampler's log-probs (sampling_per_token_logps: "
+                "use_vllm=True, or a rollout_func that returns logprobs), and this batch has none"
+            )
+        return torch.where(torch.isnan(sampled), per_token_logps.detach(), sampled)
 
     # ------------------------------------------------------------------ mirrors of GRPOTrainer._compute_loss
     # Each helper below follows lines of GRPOTrainer._compute_loss that TRL offers no method or hook for;
