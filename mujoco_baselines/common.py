@@ -1284,14 +1284,20 @@ class TrainingRun:
         if args.eval_episodes > 0:
             returns = evaluate(self.stateful["env"], self.stateful["agent"], args)
             final.update(eval_summary(returns), eval_seed=args.seed + EVAL_SEED_OFFSET)
+        # says what each return is: the two differ by the exploration noise and, lagged, by the actor
         closing = (
-            f"done: {rollout.global_step} steps; training return (last {final['final_return_episodes']} "
-            f"episodes) {final['final_return']:.1f}"
+            f"done: {rollout.global_step} steps; training return (with exploration noise, last "
+            f"{final['final_return_episodes']} episodes) {final['final_return']:.1f}"
         )
         if args.eval_episodes > 0:
             closing += (
-                f"; evaluation return ({args.eval_episodes} mean-action episodes) "
+                f"; evaluation return (mean action, {args.eval_episodes} episodes) "
                 f"{final['eval_return_mean']:.1f} ± {final['eval_return_std']:.1f}"
+            )
+        if args.policy_lag > 0:
+            closing += (
+                f"; policy lag {args.policy_lag} (training episodes from the actor of {args.policy_lag} "
+                "iterations before, the evaluation from the final one)"
             )
         with open(os.path.join(self.dir, "final.json.tmp"), "w") as f:
             json.dump(final, f, indent=2)
