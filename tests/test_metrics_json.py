@@ -48,9 +48,11 @@ def _log(writer: IterationMetricsWriter, step: int, logs: dict) -> None:
     writer.on_log(SimpleNamespace(), TrainerState(global_step=step), TrainerControl(), logs=logs)
 
 
-def test_writer_writes_valid_json_and_says_why_an_iteration_has_no_gold(tmp_path, caplog):
+def test_writer_writes_valid_json_and_says_why_an_iteration_has_no_gold(tmp_path, caplog, monkeypatch):
     """One optimizer step per iteration (the asynchronous trainer): step 2 drained no generation batch (no
     reward metrics at all), step 3's batch had only NaN gold scores (TRL logs None), step 4 logged a NaN."""
+    # a recipe run in this process (setup_logging) stops the recipe's logger from reaching caplog's handler
+    monkeypatch.setattr(logging.getLogger("rgpo_trl.recipe"), "propagate", True)
     writer = IterationMetricsWriter(str(tmp_path), 1, (0, 4), get_rlhf_method("rgpo"), scores_gold=True)
     state = TrainerState(global_step=0)
     writer.on_train_begin(SimpleNamespace(), state, TrainerControl())
