@@ -168,12 +168,16 @@ def calibrate(steps: int = 8, out: str = OUT) -> dict:
     """Measures every sampler setting on world v3's SFT policy (``steps`` x 16 completions of training
     prompts), picks the noise sigma whose share outside [0.9, 1.1] is nearest the published 6.9%, and decides
     whether bf16 is a cell."""
-    from datasets import load_dataset
+    from transformers import AutoTokenizer
 
+    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
     from rgpo_trl.tiny_hh.build import build_tiny_assets
 
     assets = build_tiny_assets(None, version=3)
-    prompts = load_dataset("json", data_files=str(assets.train_file), split="train")
+    tok = AutoTokenizer.from_pretrained(str(assets.policy_dir))
+    prompts, _ = load_hh_helpful_prompts(
+        str(assets.train_file), tokenizer=tok, max_prompt_length=128, data_dir=None
+    )
     settings = {
         "fp32": {},
         "bf16": {"sampler_dtype": "bfloat16"},
