@@ -84,7 +84,8 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
         training_args.disable_tqdm = True
     state = PartialState()
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
-    if not get_rlhf_method(script_args.method).online:
+    # every method of the asynchronous trainer trains online; an offline one (dpo, sft) is synchronous only
+    if script_args.trainer == "sync" and not get_rlhf_method(script_args.method).online:
         return run_offline(script_args, training_args, model_args, tokenizer, state)
 
     dataset, validation_prompts = training_prompts(script_args, tokenizer, state)
