@@ -224,11 +224,12 @@ def test_gold_reward_func_is_a_trl_reward_func():
     ]
 
 
-def test_cli_prints_paths_and_build_info(quick_assets, capsys):
-    """Cached assets: one line; with --manifest (or when it builds) the manifest, JSON on stdout."""
+@pytest.mark.parametrize("flag", ["--manifest", "--verbose"])
+def test_cli_prints_paths_and_build_info(quick_assets, capsys, flag):
+    """Cached assets: one line; with --manifest (or --verbose) the manifest, JSON on stdout."""
     assert tiny_main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets))]) == 0
     assert capsys.readouterr().out == f"tiny-HH assets v3 ready (cached): {quick_assets.root}\n"
-    assert tiny_main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets)), "--manifest"]) == 0
+    assert tiny_main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets)), flag]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policy_dir"] == str(quick_assets.policy_dir)
     assert out["reward_model_dir"] == str(quick_assets.reward_model_dir)
@@ -236,6 +237,19 @@ def test_cli_prints_paths_and_build_info(quick_assets, capsys):
         out["build_info"]["rm_heldout_pairwise_accuracy"]
         == quick_assets.build_info["rm_heldout_pairwise_accuracy"]
     )
+
+
+def test_cli_after_a_build_prints_one_line_with_the_build_time(quick_assets, capsys, monkeypatch):
+    """A build (stood in for by the cached quick assets, reported as not built yet) ends with one line: where
+    the assets are and the build's own time from build_info, not the 80-line manifest (issue 49)."""
+    from rgpo_trl.tiny_hh import build
+
+    monkeypatch.setattr(build.TinyAssets, "built", lambda self, version, seed: False)
+    monkeypatch.setattr(build, "build_tiny_assets", lambda *args, **kwargs: quick_assets)
+    assert tiny_main(["--quick", "--cache-dir", str(assets_cache_root(quick_assets))]) == 0
+    seconds = quick_assets.build_info["build_time_s"]
+    where = f"{quick_assets.root} (--manifest: paths and build info)"
+    assert capsys.readouterr().out == f"tiny-HH assets v3 built in {seconds:.0f} s: {where}\n"
 
 
 def test_saved_tokenizers_load_identically_through_auto_classes(quick_assets):

@@ -1,4 +1,6 @@
-"""CLI: ``python -m rgpo_trl.tiny_hh [--force] [--quick] [--version 2|3] [--cache-dir DIR] [--seed N]``."""
+"""CLI: ``python -m rgpo_trl.tiny_hh [--force] [--quick] [--version 2|3] [--cache-dir DIR] [--seed N]
+[--manifest]``: one line saying where the assets are (and how long a build took); the JSON manifest (paths,
+build info, about 80 lines) only when asked for, so ``make demo`` does not open with it."""
 
 from __future__ import annotations
 
@@ -11,9 +13,19 @@ from rgpo_trl.cli import quiet_cpu_libraries
 from . import build
 
 
+def ready_line(assets: build.TinyAssets, version: int, cached: bool) -> str:
+    """The one line a run prints: where the assets are and, after a build, how long it took (build_info)."""
+    if cached:
+        return f"tiny-HH assets v{version} ready (cached): {assets.root}"
+    seconds = assets.build_info.get("build_time_s")
+    took = f" in {seconds:.0f} s" if isinstance(seconds, (int, float)) else ""
+    return f"tiny-HH assets v{version} built{took}: {assets.root} (--manifest: paths and build info)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        description="Build (if missing) the offline tiny-HH assets; print their manifest when built."
+        description="Build (if missing) the offline tiny-HH assets and say where they are; --manifest for "
+        "their paths and build info as JSON."
     )
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
     p.add_argument("--quick", action="store_true", help="the small variant used by the tests")
@@ -26,7 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--version", type=int, choices=build.VERSIONS, default=build.BUILDER_VERSION, help="world version"
     )
     p.add_argument(
-        "--manifest", action="store_true", help="print the manifest (paths, build info) when cached too"
+        "--manifest",
+        "--verbose",
+        action="store_true",
+        help="print the manifest (paths, build info) as JSON instead of the one line",
     )
     a = p.parse_args(argv)
     existing = build.TinyAssets.at(
@@ -37,8 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     assets = build.build_tiny_assets(
         a.cache_dir, force=a.force, quick=a.quick, seed=a.seed, num_threads=a.threads, version=a.version
     )
-    if cached and not a.manifest:  # the manifest once, when the assets are built (or with --manifest)
-        print(f"tiny-HH assets v{a.version} ready (cached): {assets.root}")
+    if not a.manifest:
+        print(ready_line(assets, a.version, cached))
         return 0
     print(
         json.dumps(
