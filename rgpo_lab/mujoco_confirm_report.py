@@ -88,7 +88,59 @@ def load(results: str = RESULTS) -> tuple[dict, list[str]]:
             ret = float(json.load(f)["eval_return_mean"])
         metrics = pd.read_csv(os.path.join(d, "metrics.csv"))
         data[by_key[(r.method, r.variant)]][r.env_id].append((r.seed, ret, metrics))
+        commit = "unknown"
+        if os.path.isfile(os.path.join(d, "config.json")):
+            with open(os.path.join(d, "config.json")) as f:
+                commit = json.load(f).get("git_commit") or "unknown"
+        COMMITS.setdefault(commit, []).append(f"{r.suite}/{r.name}")
     return data, missing
+
+
+COMMITS: dict[str, list[str]] = {}  # git commit -> the runs made with it (filled by `load`)
+SUITE_COMMIT = "393cfc0"  # the commit the suite was fixed at; its runs are launched from a worktree of it
+# what decides a run's trajectory: the scripts, the loss, the gates, the controllers
+CODE_PATH = (
+    "mujoco_baselines",
+    "rgpo_trl/core/gates.py",
+    "rgpo_trl/core/objective.py",
+    "rgpo_trl/core/kl_control.py",
+)
+
+
+def _code_without_finish(commit: str, path: str) -> str | None:
+    """``path`` at ``commit`` as an AST dump without TrainingRun.finish (it only prints the closing line)."""
+    import ast
+    import subprocess
+
+    shown = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{path}"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        return None
+    tree = ast.parse(shown.stdout)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "TrainingRun":
+            node.body = [n for n in node.body if not (isinstance(n, ast.FunctionDef) and n.name == "finish")]
+    return ast.dump(tree)
+
+
+def same_code_path(commit: str) -> bool | None:
+    """Whether ``commit`` has the suite commit's scripts, loss, gates and controllers (CODE_PATH), compared
+    as syntax trees, TrainingRun.finish (the closing console line) left out; None where git cannot tell."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "-C", ROOT, "ls-tree", "-r", "--name-only", SUITE_COMMIT, "--", *CODE_PATH],
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode != 0 or commit == "unknown":
+        return None
+    for path in (p for p in listed.stdout.split() if p.endswith(".py")):
+        mine, theirs = _code_without_finish(SUITE_COMMIT, path), _code_without_finish(commit, path)
+        if theirs is None:
+            return None
+        if mine != theirs:
+            return False
+    return True
 
 
 def returns(data, arm, env) -> np.ndarray:
@@ -301,6 +353,25 @@ def report_md(data, missing, tables, comparisons, ret, gates, attribution) -> st
                 _f(g["epochs"], 2),
             ]
             lines.append(f"| {LABELS[arm]} | {e} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Provenance",
+        "",
+        f"The suite was fixed at {SUITE_COMMIT}. Its own runs, by the commit they record (their scripts, "
+        "loss, gates and controllers compared with the suite commit's as syntax trees, the closing console "
+        "line left out); the runs it reuses were made by earlier suites at their own commits, on "
+        "trajectories checked identical (RULES.md):",
+        "",
+    ]
+    what = {True: "same code path", False: "DIFFERENT code path", None: "not checked"}
+    n_own = 0
+    for commit, runs in sorted(COMMITS.items(), key=lambda kv: -len(kv[1])):
+        own = [r for r in runs if r.startswith("policy_lag_confirm/")]
+        n_own += len(own)
+        if own:
+            lines.append(f"- {commit[:8]}: {len(own)} runs ({what[same_code_path(commit)]})")
+    reused = sum(map(len, COMMITS.values())) - n_own
+    lines.append(f"- reused from policy_lag, main_compiled and annealed5: {reused} runs")
     if missing:
         lines += ["", f"## Not finished ({len(missing)})", "", ", ".join(missing)]
     lines += ["", "![curves](curves.png)", ""]
@@ -373,6 +444,7 @@ def _plain(x):
 
 
 def build(results: str = RESULTS, out: str = OUT, n_boot: int = 10_000, plots: bool = True) -> str:
+    COMMITS.clear()
     data, missing = load(results)
     norm = Normaliser.load(os.path.join(results, "normalisation", "baselines.json"))
     tables = arm_table(data, norm)

@@ -117,3 +117,12 @@ def test_no_significant_difference_attributes_no_cause():
     assert "cause:" not in words
     comparisons[0]["aggregate"].update(diff=-0.3, p_holm=0.01, verdict="lower")
     assert "refuted" in rep.attribution_words(comparisons)
+
+
+def test_provenance_compares_code_paths_by_syntax_tree():
+    """The suite commit is its own code path; the commit before the component flags is not; a commit whose
+    only change in the code path is the closing console line (TrainingRun.finish) is."""
+    assert rep.same_code_path(rep.SUITE_COMMIT) is True
+    assert rep.same_code_path("e53d11f") is False  # before --kl-penalty and the start-of-update statistics
+    assert rep.same_code_path("f76bccb") is True  # TrainingRun.finish's closing line only
+    assert rep.same_code_path("0" * 40) is None
