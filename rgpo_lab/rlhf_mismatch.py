@@ -301,7 +301,49 @@ def precheck(results: str = os.path.join(ROOT, "results", "rlhf"), out: str = OU
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "precheck.json"), "w") as f:
         json.dump(result, f, indent=1, allow_nan=False, default=float)
+    with open(os.path.join(out, "precheck.md"), "w") as f:
+        f.write(precheck_md(result))
     return result
+
+
+def precheck_md(result: dict) -> str:
+    """The pre-check for a reader: each rung's gold and KL_ref against the control, the decision, the
+    conclusion."""
+
+    def cell(rows, key):
+        x = [r[key] for r in rows]
+        return f"{np.mean(x):.3f} ± {np.std(x, ddof=1):.3f} ({len(x)})" if len(x) > 1 else "-"
+
+    lines = [
+        "# Positive control: does the strongest dose hurt the uncorrected arm?",
+        "",
+        f"Command: `{result['command']}` after `python -m rgpo_lab.rlhf_suite v3/mismatch_precheck` "
+        "(rung by rung). Rule (RULES.md): the ignore arm at a dose against ignore at fp32, seeds 1-3; hurt "
+        "if test gold is lower (two-sided Welch p <= 0.05) or a run diverged (test KL_ref > "
+        f"{DIVERGED_KL_FACTOR:g}x the control's mean); the ladder {list(PRECHECK_LADDER)} stops at the first "
+        "rung that hurts.",
+        "",
+        "| cell | test gold | test KL_ref | gold - control | p | diverged seeds | hurt |",
+        "|---|---|---|---|---|---|---|",
+        f"| fp32 (control) | {cell(result['control'], 'gold')} | {cell(result['control'], 'kl_ref')} "
+        "| | | | |",
+    ]
+    for rung in result["rungs"]:
+        if rung["state"] != "decided":
+            lines.append(f"| sigma {rung['sigma']:g} | not run yet | | | | | |")
+            continue
+        lines.append(
+            f"| sigma {rung['sigma']:g} | {cell(rung['runs'], 'gold')} | {cell(rung['runs'], 'kl_ref')} | "
+            f"{rung['gold_diff']:+.3f} | {rung['p']:.3f} | {rung['diverged_seeds'] or '-'} | "
+            f"{'yes' if rung['hurt'] else 'no'} |"
+        )
+    if result["passed"]:
+        verdict = f"Passed: the uncorrected arm is hurt at sigma {result['hurt_at']:g}."
+    elif result["complete"]:
+        verdict = "Failed: no rung of the ladder hurt the uncorrected arm; no cell can rank the corrections."
+    else:
+        verdict = "In progress: the next rung has not run."
+    return "\n".join([*lines, "", verdict]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

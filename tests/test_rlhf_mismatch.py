@@ -97,3 +97,16 @@ def test_suites_follow_the_calibration_and_the_precheck(tmp_path, monkeypatch):
     assert {r.tag.split("__")[1] for r in lag} == {"lag8", "lag32"} and len(lag) == 2 * 8 * 5
     r32 = next(r for r in lag if r.tag.endswith("lag32"))
     assert r32.extra[r32.extra.index("--max_staleness") + 1] == "32"
+
+
+def test_precheck_markdown_says_passed_failed_or_in_progress(tmp_path):
+    results = tmp_path / "rlhf"
+    for tag, golds in {"fp32": [2.0, 2.1, 1.9], "sigma1": [2.0, 2.1, 2.2]}.items():
+        for seed, g in zip(mm.PRECHECK_SEEDS, golds, strict=True):
+            d = results / "v3" / "mismatch_precheck" / f"ignore__{tag}__s{seed}"
+            d.mkdir(parents=True)
+            (d / "heldout.json").write_text(json.dumps({"gold": g, "kl_ref": 0.1}))
+    r = mm.precheck(str(results), str(tmp_path / "out"))
+    assert not r["complete"] and r["rungs"][-1] == {"sigma": 2.0, "state": "not run"}
+    md = (tmp_path / "out" / "precheck.md").read_text()
+    assert "In progress" in md and "| sigma 1 | 2.100 ± 0.100 (3) |" in md and "| sigma 2 | not run yet" in md
