@@ -175,3 +175,60 @@ def test_every_code_fence_renders(pages, page):
     assert pages[page].pres >= fences, (
         f"{page}: {fences} code fences in the source, {pages[page].pres} <pre> in the HTML"
     )
+
+
+# --- reading aids (issue 49; docs_hooks.py, docs/stylesheets/extra.css, tests/test_docs_hooks.py) ----------
+
+
+def raw_html(site: str, page: str) -> str:
+    with open(html_of(site, page), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def test_every_page_loads_the_extra_css(site):
+    with open(os.path.join(site, "stylesheets", "extra.css"), encoding="utf-8") as fh:
+        css = fh.read()
+    for rule in (".md-grid", "white-space: pre-wrap", ".table-wrap", ".table-wide", "figure.panels"):
+        assert rule in css, f"extra.css has no {rule}"
+    missing = [
+        p for p in PAGES if not re.search(r'<link[^>]+href="[^"]*stylesheets/extra\.css"', raw_html(site, p))
+    ]
+    assert not missing, "pages without extra.css: " + ", ".join(missing)
+
+
+def test_equation_labels_resolved(site):
+    sys.path.insert(0, ROOT)
+    import docs_hooks
+
+    labels = "|".join(map(re.escape, docs_hooks.EQUATIONS))
+    raw = re.compile(rf"\bEq\.\s+({labels})\b")
+    left = [f"{p}: {m[0]}" for p in PAGES for m in raw.finditer(raw_html(site, p))]
+    assert not left, "equation labels shown as written: " + ", ".join(left)
+    assert "(paper Eq. (26) (adaptive β))" in raw_html(site, "index.md")
+
+
+def test_every_table_in_a_scroll_box(site):
+    bare = []
+    for page in PAGES:
+        html = raw_html(site, page)
+        tables = [m.start() for m in re.finditer(r"<table\b", html)]
+        wrapped = [m.end() for m in re.finditer(r'<div class="table-wrap[^"]*" data-columns="\d+">', html)]
+        bare += [f"{page} at {t}" for t in tables if t not in wrapped]
+    assert not bare, "tables outside div.table-wrap: " + ", ".join(bare)
+    assert '<div class="table-wrap table-wide" data-columns="11">' in raw_html(site, "results/mujoco.md")
+
+
+def test_home_kl_figure_in_panels(site):
+    html = raw_html(site, "index.md")
+    figure = re.search(r'<figure class="panels">.*?</figure>', html, re.S)
+    assert figure, "the home page's KL figure is not shown as its panels"
+    assert figure[0].count('<div class="panel"') == 4
+    assert 'href="results/mujoco/report/curves_kl.png"' in figure[0]
+
+
+@pytest.mark.parametrize("page", ["results/mujoco.md", "results/rlhf.md"])
+def test_results_pages_open_with_contents(site, page):
+    html = raw_html(site, page)
+    toc = re.search(r'<nav class="page-toc"[^>]*>.*?</nav>', html, re.S)
+    assert toc and html.index("</h1>") < toc.start(), f"{page}: no contents list under its title"
+    assert toc[0].count("<li>") >= 3
