@@ -133,7 +133,13 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     )
     if not verbose_console(training_args):
         quiet_console(trainer)
-    evaluation = RunEvaluation(script_args, tokenizer, reward_model, sampling_settings(training_args))
+    evaluation = RunEvaluation(
+        script_args,
+        tokenizer,
+        reward_model,
+        sampling_settings(training_args),
+        progress_bar=not training_args.disable_tqdm,
+    )
     evaluation.add_validation(trainer, training_args, validation_prompts, steps_per_iteration, window)
     if state.is_main_process:
         logger.info(

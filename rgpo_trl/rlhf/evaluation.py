@@ -50,12 +50,14 @@ def evaluate_policy(
     temperature: float = 1.0,
     seed: int = 0,
     per_completion: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Sample one completion per conversational prompt; return the means of the proxy reward, the gold score
     (if ``gold_fn``) and KL_ref. ``ref_model=None`` with a PEFT ``model`` uses the model with its adapter
     disabled as the reference (as TRL does). ``per_completion`` adds every completion's scores, in prompt
     order (``"per_completion": {"reward": [...], "gold": [...]}``), for paired comparisons on the same
-    prompts."""
+    prompts. ``progress`` is called with the number of completions scored after each batch (a long
+    evaluation on a CPU is otherwise silent)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -103,6 +105,8 @@ def evaluate_policy(
             rewards += list(reward_fn(prompts=batch, completions=completions))
             if gold_fn is not None:
                 golds += list(gold_fn(prompts=batch, completions=completions))
+            if progress is not None:
+                progress(len(rewards))
     finally:
         tokenizer.padding_side = padding_side
         torch.random.set_rng_state(generator_state)

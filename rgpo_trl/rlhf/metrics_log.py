@@ -122,7 +122,14 @@ class IterationMetricsWriter(TrainerCallback):
         summary.update(method=self.method.name, world_size=self.world_size)
         with open(self.summary_path, "w") as f:
             dump(summary, f, indent=2)
-        logger.info("\n%s", format_table(rows, summary, self.window, self.method.metric_columns))
+        table = format_table(rows, summary, self.window, self.method.metric_columns)
+        if self._printed_header:  # its rows are on the console already (table_every): the window's averages
+            lines = table.split("\n")
+            table = "\n".join([lines[0], lines[-1]])
+        logger.info("\n%s", table)
+        sentence = trust_region_sentence(rows, self.method.metric_columns, args)
+        if sentence is not None:
+            logger.info(sentence)
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
@@ -183,6 +190,80 @@ def format_table(
         + "".join(f"{summary.get(c, float('nan')):>11.4f}" for c in cols)
     )
     return "\n".join(lines)
+
+
+def _finite_values(rows: Sequence[dict[str, Any]], key: str | None) -> list[float]:
+    return [r[key] for r in rows if key is not None and _finite(r.get(key))]
+
+
+def trust_region_sentence(rows: Sequence[dict[str, Any]], columns: dict[str, str], args: Any) -> str | None:
+    """What RGPO's trust region around pi_old (the KL-to-old controller, the gate's rejections) did in a run
+    and why, from its metric rows and settings: the table's kl_old and kl_coef columns alone (0.0000 and the
+    floor in every row of the demo) do not say. None for a method without those columns (GRPO, PPO, the
+    other off-policy corrections) or a run that logged none."""
+    kl_key, coef_key = columns.get("kl_old"), columns.get("kl_coef")
+    kl, coefs = _finite_values(rows, kl_key), _finite_values(rows, coef_key)
+    if not kl or not coefs:
+        return None
+    rejected = _finite_values(rows, columns.get("rejected_frac"))
+    target, floor = getattr(args, "kl_target", 0.02), getattr(args, "kl_coef_min", 0.01)
+    initial = getattr(args, "kl_coef", coefs[0])
+    kl_max = max(kl)
+    kl_mean = sum(kl) / len(kl)
+    kl_fact = f"KLhat_old at most {kl_max:.2g} and on average {kl_mean:.2g}, against its target {target:g}"
+    rose = coefs[0] > initial or any(b > a for a, b in zip(coefs, coefs[1:], strict=False))
+    if getattr(args, "kl_controller", "adaptive") == "fixed":
+        coef_fact = f"kl_coef stayed at its fixed {initial:g}"
+    elif not rose and coefs[-1] <= floor:
+        at = next(
+            r.get("iteration", r["step"]) for r in rows if _finite(r.get(coef_key)) and r[coef_key] <= floor
+        )
+        coef_fact = f"kl_coef fell from {initial:g} to its floor {floor:g} by iteration {at} and stayed there"
+    else:
+        coef_fact = f"kl_coef went from {initial:g} to {coefs[-1]:g} (range {min(coefs):g}-{max(coefs):g})"
+    gate_fact = ""
+    if rejected and max(rejected) > 0:
+        mean = sum(rejected) / len(rejected)
+        gate_fact = f"the gate rejected {mean:.2%} of tokens (g < 0.1; at most {max(rejected):.2%} in a step)"
+    elif rejected:
+        gate_fact = "the gate rejected no token (g < 0.1)"
+    old = "the sampling policy" if hasattr(args, "max_staleness") else "pi_old"  # asynchronous: the sampler's
+    head = f"RGPO's trust region around {old}"
+    # the adaptive rule halves kl_coef while KLhat_old is at or below target / 1.5; above, it holds or doubles
+    if rose or kl_max > target / 1.5:
+        return f"{head} acted: {', '.join(f for f in (kl_fact, coef_fact, gate_fact) if f)}."
+    gate = f"; {gate_fact}" if gate_fact else ""
+    return (
+        f"{head}: its KL controller did not act ({kl_fact}; {coef_fact}){gate}: "
+        f"{_why_inactive(args, rows, target)}."
+    )
+
+
+def _why_inactive(args: Any, rows: Sequence[dict[str, Any]], target: float) -> str:
+    """Why the policy never left the trust region, from the run's settings: no batch is reused, or the policy
+    moved too little between a batch's passes (asynchronously: over the samples' lag)."""
+    below = (
+        f"KLhat_old stayed below kl_target / 1.5 = {target / 1.5:.3g}, at or below which the controller "
+        "halves kl_coef"
+    )
+    if hasattr(args, "max_staleness"):
+        staleness = _finite_values(rows, "staleness/max")
+        lag = f", at most {max(staleness):.0f} in this run" if staleness else ""
+        return (
+            f"samples up to {args.max_staleness} weight versions old{lag} came from a policy so close to the "
+            f"trained one that {below}"
+        )
+    iterations = getattr(args, "num_iterations", 1)
+    if args.gradient_accumulation_steps % (getattr(args, "steps_per_generation", 1) * iterations) == 0:
+        return (  # RGPOTrainer warns of this setting at construction
+            f"each generation batch is used for one optimizer step (num_iterations {iterations}), so pi_old "
+            "== pi and every r_old is 1; --num_iterations 2 (the paper's preset) trains on each batch twice, "
+            "so that pi can move away from pi_old"
+        )
+    return (
+        f"each generation batch is trained on in {iterations} passes (num_iterations {iterations}), but at "
+        f"learning rate {args.learning_rate:g} the policy moved so little between them that {below}"
+    )
 
 
 class QuietProgressCallback(ProgressCallback):

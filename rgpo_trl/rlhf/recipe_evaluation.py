@@ -6,16 +6,19 @@ with the initial policy), the validation prompts during the summary window (``va
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from .evaluation import WindowEvaluation, comparison_table, evaluate_policy, repeat_prompts
 from .hh_data import load_hh_helpful_prompts
-from .json_io import dump, dumps
+from .json_io import dump
 from .worlds import gold_function
 
 logger = logging.getLogger("rgpo_trl.recipe")
@@ -36,16 +39,47 @@ def summary_window(script_args, n_iters: int) -> tuple[int, int]:
     return start, script_args.window_end if script_args.window_end is not None else n_iters
 
 
+class EvaluationProgress:
+    """The progress of one held-out evaluation, a minute or more on a CPU and silent before: a tqdm bar
+    (``bar``: a terminal, the training's own bar shown) or else a log line at each of ``lines`` steps, as the
+    training's table replaces its bar when the output is piped or ``disable_tqdm`` is set. Called with the
+    completions scored so far (`evaluate_policy`'s ``progress``)."""
+
+    def __init__(self, label: str, total: int, bar: bool, lines: int = 4):
+        self.label, self.total = label, total
+        self.every = max(1, math.ceil(total / lines))
+        self._next = self.every
+        self._start = time.monotonic()
+        self._bar = tqdm(total=total, desc=label, unit="completion", leave=False) if bar else None
+
+    def __call__(self, done: int) -> None:
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+        elif self._next <= done < self.total:  # the end is the caller's line, with the result
+            logger.info("%s: %d/%d completions, %.0f s", self.label, done, self.total, self.elapsed)
+            self._next = (done // self.every + 1) * self.every
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
 @dataclass
 class RunEvaluation:
     """What every evaluation of one run shares: the recipe's arguments (prompt length, held-out and
     validation settings, the world's gold score), the tokenizer, the reward model and how completions are
-    sampled (`sampling_settings`, or an offline method's preset generation settings)."""
+    sampled (`sampling_settings`, or an offline method's preset generation settings); ``progress_bar``: the
+    held-out evaluation's progress as a tqdm bar, else as log lines (`EvaluationProgress`)."""
 
     script_args: Any
     tokenizer: Any
     reward_model: Any
     sampling: dict[str, Any]
+    progress_bar: bool = False
 
     def prompts(
         self,
@@ -55,6 +89,7 @@ class RunEvaluation:
         samples: int = 1,
         per_completion: bool = False,
         seed: int | None = None,
+        progress: EvaluationProgress | None = None,
     ) -> dict:
         """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on ``prompts``, ``samples``
         completions each (sampled with ``seed``, default the run's); gold where the world has one."""
@@ -67,15 +102,25 @@ class RunEvaluation:
             ref_model=ref_model,
             gold_fn=gold_function(self.script_args),
             per_completion=per_completion,
+            progress=progress,
             **sampling,
         )
         result.update(prompts=len(prompts), samples_per_prompt=samples)
         return result
 
     def dataset(
-        self, model, ref_model, name, split, n: int, samples: int = 1, per_completion: bool = False
+        self,
+        model,
+        ref_model,
+        name,
+        split,
+        n: int,
+        samples: int = 1,
+        per_completion: bool = False,
+        label: str | None = None,
     ) -> dict:
-        """`prompts` on the first ``n`` prompts of (name, split)."""
+        """`prompts` on the first ``n`` prompts of (name, split); with ``label``, its progress on the console
+        (`EvaluationProgress`) under that name and its time in ``seconds``."""
         n = max(n, 1)
         prompts, _ = load_hh_helpful_prompts(
             name,
@@ -86,7 +131,16 @@ class RunEvaluation:
             max_rows=4 * n,
         )
         prompts = [p["prompt"] for p in prompts.select(range(min(n, len(prompts))))]
-        result = self.prompts(model, ref_model, prompts, samples, per_completion)
+        progress = None
+        if label is not None:
+            progress = EvaluationProgress(label, len(prompts) * samples, self.progress_bar)
+        try:
+            result = self.prompts(model, ref_model, prompts, samples, per_completion, progress=progress)
+        finally:
+            if progress is not None:
+                progress.close()
+        if progress is not None:
+            result["seconds"] = round(progress.elapsed, 1)
         result.update(dataset=name, split=None if os.path.isfile(name) else split, seed=self.sampling["seed"])
         return result
 
@@ -127,11 +181,22 @@ class RunEvaluation:
         if callback is not None:
             trainer.add_callback(callback)
 
-    def heldout(self, model, ref_model, output_dir, name: str = "heldout.json") -> dict:
+    def heldout(
+        self,
+        model,
+        ref_model,
+        output_dir,
+        name: str = "heldout.json",
+        policy: str | None = None,
+        table_follows: bool = False,
+    ) -> dict:
         """The same held-out evaluation for every method, written to ``name`` (heldout.json); the returned
         result also has every completion's scores (``per_completion``, not written), for the demo's paired
-        comparison."""
+        comparison. The console shows its progress and one line naming the ``policy`` evaluated (default: the
+        trained one), how long it took and where it went, with its numbers unless ``table_follows`` (the
+        demo's comparison table shows them)."""
         script_args = self.script_args
+        label = f"held-out test ({policy or f'trained {script_args.method} policy'})"
         result = self.dataset(
             model,
             ref_model,
@@ -140,11 +205,13 @@ class RunEvaluation:
             script_args.heldout_prompts,
             script_args.heldout_samples,
             per_completion=True,
+            label=label,
         )
-        written = {k: v for k, v in result.items() if k != "per_completion"}
-        with open(os.path.join(output_dir, name), "w") as f:
+        written = {k: v for k, v in result.items() if k not in ("per_completion", "seconds")}
+        path = os.path.join(output_dir, name)
+        with open(path, "w") as f:
             dump(written, f, indent=2)
-        logger.info("held-out: %s", dumps(written))
+        logger.info("%s", heldout_line(label, result, path, table_follows))
         return result
 
     def print_comparison(self, trained, model_args, training_args) -> None:
@@ -154,7 +221,9 @@ class RunEvaluation:
         device = next(self.reward_model.model.parameters()).device
         initial_model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(device).eval()
         out = training_args.output_dir
-        initial = self.heldout(initial_model, initial_model, out, name="heldout_initial.json")
+        initial = self.heldout(
+            initial_model, initial_model, out, "heldout_initial.json", policy="SFT policy", table_follows=True
+        )
         where = [
             f"metrics: {os.path.join(out, 'metrics.jsonl')}",
             f"held-out: {os.path.join(out, 'heldout.json')}",
@@ -163,6 +232,20 @@ class RunEvaluation:
             where = [f"model: {out}", f"model card: {os.path.join(out, 'README.md')}", *where]
         table = comparison_table(initial, trained, self.script_args.method)
         print("\n" + table + "\n" + "\n".join(where), flush=True)
+
+
+def heldout_line(label: str, result: dict[str, Any], path: str, table_follows: bool) -> str:
+    """The console's line for one held-out evaluation: what was evaluated on how many completions, in how
+    long, its numbers (proxy reward, gold where scored, KL_ref) unless a table with them follows, and the
+    file."""
+    samples = result.get("samples_per_prompt", 1)
+    size = f"{result['prompts']} prompts x {samples} sample{'s' * (samples != 1)}"
+    took = f" in {result['seconds']:.0f} s" if "seconds" in result else ""
+    numbers = ""
+    if not table_follows:
+        named = [("proxy reward", "reward"), ("gold", "gold"), ("KL_ref", "kl_ref")]
+        numbers = ": " + ", ".join(f"{n} {result[k]:.3f}" for n, k in named if k in result)
+    return f"{label}: {size}{took}{numbers} -> {path}"
 
 
 def plain_policy(path: str, device, trained=None):
@@ -194,6 +277,8 @@ def heldout_after_training(
         device = trainer.accelerator.device
         policy = plain_policy(model_args.model_name_or_path, device, policy)
         reference = plain_policy(model_args.model_name_or_path, device)
-    trained = evaluation.heldout(policy, reference, training_args.output_dir)
+    trained = evaluation.heldout(
+        policy, reference, training_args.output_dir, table_follows=script_args.heldout_compare_initial
+    )
     if script_args.heldout_compare_initial:
         evaluation.print_comparison(trained, model_args, training_args)
