@@ -123,3 +123,72 @@ def test_card_of_a_hub_run_links_the_hub_as_trl_does(model_path, tmp_path):
     ):
         assert line in text, line
     assert "entropy bonus" not in text  # GRPOConfig's default: no bonus
+
+
+def test_async_trainer_card_of_a_local_run_states_its_own_settings(tmp_path):
+    """AsyncRGPOTrainer on a local model (CPU, in-process worker at an exact lag): TRL's card for it is the
+    broken one ("None", huggingface.co/None); the card it writes has neither, names the local things and lists
+    its own settings: the correction, the gate and KL updated per optimizer step, staleness, the sampler, and
+    no num_iterations. With another correction, the RGPO lines (which it does not read) are left out."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*trl.experimental.*")
+    from _async_utils import config, trainer_with_worker
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from rgpo_trl.testing import tiny_model, tiny_tokenizer
+
+    model_dir = tmp_path / "policy"
+    tok = tiny_tokenizer()
+    tiny_model(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    output_dir = tmp_path / "my-async-run"
+    settings = dict(ratio_mode="dual", beta=0.02, kl_coef=0.4, max_staleness=3, sampler_logit_noise=0.1)
+    args = config(tmp_path, output_dir=str(output_dir), max_steps=2, sampler_top_p=0.9, **settings)
+    trainer, _ = trainer_with_worker(str(model_dir), args, lag=2)
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+    AsyncGRPOTrainer.create_model_card(trainer, dataset_name=str(tmp_path / "prompts"))  # TRL's own card
+    assert "Model Card for None" in _card(output_dir)[0]  # what this test guards against
+    trainer.create_model_card(dataset_name=str(tmp_path / "prompts"))
+    text, metadata = _card(output_dir)
+    assert "None" not in text and "huggingface.co" not in text
+    assert "# Model Card for my-async-run\n" in text
+    assert (
+        "This model is a fine-tuned version of the local model `policy` on the local dataset `prompts`"
+        in text
+    )
+    assert f'pipeline("text-generation", model="{output_dir}", device_map="auto")' in text
+    assert "rgpo-trl's `AsyncRGPOTrainer`" in text and "trained with AsyncRGPO" in text
+    procedure = text.split("## Training procedure")[1].split("### Framework versions")[0]
+    for line in (
+        "- off-policy correction: `rgpo`, against the sampler's log-probs\n",
+        "- gate: `sigmoid` (k=5)\n",
+        "- ratio mode: `dual` (the gate sees max(π/π_old, π/π_ref) per token)\n",
+        "- KL to the sampling policy π_old (r_old - 1 - log r_old): `adaptive` controller from kl_coef 0.4, "
+        "target kl_target 0.02, bounds [0.01, 5], updated once per optimizer step; "
+        f"{trainer.kl_ctl.kl_coef:g} at step 2\n",
+        "- KL to the reference (k3): beta (β_ref) 0.02\n",
+        "- staleness: samples up to max_staleness 3 weight versions behind are trained on; weights published "
+        "every 1 optimizer step(s)\n",
+        "- sampler: the in-process rollout worker (exact lag 2 weight versions), dtype `float32`, "
+        "quantization `none`, logit noise sigma 0.1, top_p 0.9\n",
+        "- learning rate 0.01 (`constant` schedule, warmup_steps 0)\n",  # AsyncGRPOConfig's default
+        "- optimizer steps: 2 trained (max_steps 2)\n",
+        "- 4 completions per prompt, up to 8 tokens, temperature 1; each sample trained on once "
+        "(asynchronous)\n",
+        "- batch: 4 completions per device x 2 accumulation steps x 1 processes; seed 42\n",
+    ):
+        assert line in procedure, line
+    assert "num_iterations" not in procedure and "loss aggregation" not in procedure
+    assert "base_model" not in metadata and "datasets" not in metadata
+    assert metadata["model_name"] == "my-async-run" and {"trl", "rgpo", "async-grpo"} <= set(metadata["tags"])
+
+    tis = config(tmp_path, output_dir=str(tmp_path / "tis"), off_policy_correction="tis")
+    other, _ = trainer_with_worker(str(model_dir), tis, lag=None)
+    other.create_model_card()
+    procedure = _card(tmp_path / "tis")[0].split("## Training procedure")[1]
+    assert "- off-policy correction: `tis` (cap=2), against the sampler's log-probs\n" in procedure
+    assert "gate:" not in procedure and "KL to" not in procedure
+    assert "- sampler: the in-process rollout worker (free running), dtype `float32`" in procedure

@@ -33,9 +33,11 @@ from ..trainer.checkpoint import (  # one checkpoint format for both trainers
     save_kl_controller,
     write_json_state,
 )
+from ..trainer.model_card import build_model_card
 from ..trainer.trainer import RGPO_PAPER
 from .config import AsyncRGPOConfig
 from .cpu import install_cpu_shims
+from .model_card import async_training_settings
 
 VERSION_FILE = "async_rgpo_state.json"
 STALENESS_BUCKETS = ("0", "1", "2plus")  # weight versions behind: 0, 1, >= 2
@@ -368,6 +370,21 @@ class AsyncRGPOTrainer(AsyncGRPOTrainer):
                 self._metrics["train"]["rgpo/kl_old_step"].append(mean_kl)
             self._step_kl.zero_()
         return output
+
+    # ---------------------------------------------------------------- model card
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+    ) -> None:
+        """Write ``README.md`` to ``output_dir`` with RGPOTrainer's card builder
+        (`rgpo_trl.trainer.model_card.build_model_card`) and this trainer's settings
+        (`rgpo_trl.async_rgpo.model_card`): TRL's card titles a local model's card "Model Card for None",
+        links it to huggingface.co and lists no settings."""
+        if self.is_world_process_zero():
+            card = build_model_card(self, model_name, dataset_name, tags, async_training_settings(self))
+            card.save(os.path.join(self.args.output_dir, "README.md"))
 
     # ---------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, model, trial):

@@ -1,4 +1,5 @@
-"""The model card `RGPOTrainer` writes (``README.md`` in ``output_dir``, at every checkpoint and on request).
+"""The model card `RGPOTrainer` and `AsyncRGPOTrainer` write (``README.md`` in ``output_dir``, at every
+checkpoint and on request).
 
 TRL's card (``trl/templates/lm_model_card.md``) assumes hub names: for a run on a local model and a local
 dataset it titles the card "Model Card for None", links ``huggingface.co/None`` and
@@ -21,6 +22,7 @@ from transformers import is_wandb_available
 from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get_trackio_space_url
 
 if TYPE_CHECKING:
+    from ..async_rgpo.trainer import AsyncRGPOTrainer
     from .trainer import RGPOTrainer
 
 HUB = "https://huggingface.co"
@@ -64,9 +66,10 @@ def _named(what: str, name: str | None) -> str:
     return f"the local {what} `{Path(name).name or name}`"
 
 
-def training_settings(trainer: RGPOTrainer) -> list[str]:
-    """The settings of the run as markdown list items: the RGPO loss (gate, ratio mode, both KL terms), GRPO's
-    options it uses, and the optimisation (learning rate, steps, batch)."""
+def loss_settings(trainer, behaviour: str, updated: str) -> list[str]:
+    """The RGPO loss's settings as both trainers name them: the gate, the ratio it sees, the KL to
+    ``behaviour`` (the policy that sampled) with its controller, updated ``updated``, and the KL to the
+    reference."""
     args, state = trainer.args, trainer.state
     gate_params = ", ".join(f"{k}={v:g}" for k, v in trainer.gate.param_values.items())
     lines = [
@@ -78,12 +81,37 @@ def training_settings(trainer: RGPOTrainer) -> list[str]:
     else:
         kl_old = (
             f"`{args.kl_controller}` controller from kl_coef {args.kl_coef:g}, target kl_target "
-            f"{args.kl_target:g}, bounds [{args.kl_coef_min:g}, {args.kl_coef_max:g}], updated once per "
-            f"iteration; {trainer.kl_coef:g} at step {state.global_step}"
+            f"{args.kl_target:g}, bounds [{args.kl_coef_min:g}, {args.kl_coef_max:g}], updated {updated}; "
+            f"{trainer.kl_ctl.kl_coef:g} at step {state.global_step}"
         )
-    lines.append(f"KL to π_old (r_old - 1 - log r_old): {kl_old}")
-    bias = ", times the ratio to π_old" if args.use_bias_correction_kl else ""
+    lines.append(f"KL to {behaviour} (r_old - 1 - log r_old): {kl_old}")
+    bias = ", times the ratio to π_old" if getattr(args, "use_bias_correction_kl", False) else ""
     lines.append(f"KL to the reference (k3{bias}): beta (β_ref) {args.beta:g}")
+    return lines
+
+
+def optimisation_settings(trainer, reuse: str) -> list[str]:
+    """Learning rate, steps, sampling (``reuse``: how often a sample is trained on) and batch, as both
+    trainers name them."""
+    args, state = trainer.args, trainer.state
+    planned = f"max_steps {args.max_steps}" if args.max_steps > 0 else f"{args.num_train_epochs:g} epochs"
+    schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # an enum or its name
+    return [
+        f"learning rate {args.learning_rate:g} (`{schedule}` schedule, warmup_steps {args.warmup_steps:g})",
+        f"optimizer steps: {state.global_step} trained ({planned})",
+        f"{args.num_generations} completions per prompt, up to {args.max_completion_length} tokens, "
+        f"temperature {args.temperature:g}; {reuse}",
+        f"batch: {args.per_device_train_batch_size} completions per device x "
+        f"{args.gradient_accumulation_steps} accumulation steps x {trainer.accelerator.num_processes} "
+        f"processes; seed {args.seed}",
+    ]
+
+
+def training_settings(trainer: RGPOTrainer) -> list[str]:
+    """The settings of the run as markdown list items: the RGPO loss (gate, ratio mode, both KL terms), GRPO's
+    options it uses, and the optimisation (learning rate, steps, batch)."""
+    args, state = trainer.args, trainer.state
+    lines = loss_settings(trainer, "π_old", "once per iteration")
     lines.append(
         f"loss aggregation `{args.loss_type}`, importance sampling level `{args.importance_sampling_level}`"
     )
@@ -95,28 +123,19 @@ def training_settings(trainer: RGPOTrainer) -> list[str]:
         )
     elif args.entropy_coef != 0.0:
         lines.append(f"entropy bonus: entropy_coef {args.entropy_coef:g}")
-    planned = f"max_steps {args.max_steps}" if args.max_steps > 0 else f"{args.num_train_epochs:g} epochs"
-    schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # an enum or its name
-    lines += [
-        f"learning rate {args.learning_rate:g} (`{schedule}` schedule, warmup_steps {args.warmup_steps:g})",
-        f"optimizer steps: {state.global_step} trained ({planned})",
-        f"{args.num_generations} completions per prompt, up to {args.max_completion_length} tokens, "
-        f"temperature {args.temperature:g}; num_iterations {args.num_iterations} (passes over each "
-        "generation batch)",
-        f"batch: {args.per_device_train_batch_size} completions per device x "
-        f"{args.gradient_accumulation_steps} accumulation steps x {trainer.accelerator.num_processes} "
-        f"processes; seed {args.seed}",
-    ]
-    return [f"- {line}" for line in lines]
+    reuse = f"num_iterations {args.num_iterations} (passes over each generation batch)"
+    return [f"- {line}" for line in [*lines, *optimisation_settings(trainer, reuse)]]
 
 
 def build_model_card(
-    trainer: RGPOTrainer,
+    trainer: RGPOTrainer | AsyncRGPOTrainer,
     model_name: str | None = None,
     dataset_name: str | None = None,
     tags: str | list[str] | None = None,
+    settings: list[str] | None = None,
 ) -> ModelCard:
-    """The card for ``trainer``'s model (the arguments as `trl.GRPOTrainer.create_model_card` takes them)."""
+    """The card for ``trainer``'s model (the arguments as `trl.GRPOTrainer.create_model_card` takes them);
+    ``settings``: its "Training procedure" list, default `training_settings` (RGPOTrainer's)."""
     args = trainer.args
     output_name = Path(args.output_dir).resolve().name
     hub_model_id = trainer.hub_model_id  # set once the run has a hub repository (push_to_hub)
@@ -195,7 +214,7 @@ def build_model_card(
             f"This model was trained with {trainer._name}, the method of *{paper['title']}*, with these "
             "settings:",
             "",
-            *training_settings(trainer),
+            *(training_settings(trainer) if settings is None else settings),
             "",
             "### Framework versions",
             "",
