@@ -72,9 +72,9 @@ def _window_value(run: dict, keys: tuple[str, ...], reduce: Callable) -> float |
 
 
 def staleness_points(runs: dict[str, list[dict]], suite: str) -> list[dict]:
-    """One point per method x level of ``suite`` (``runs`` as `rgpo_lab.rlhf_report.load` reads the suite's
-    folder: keys ``<method>__<S|L><level>``): n, seeds, per-seed values and mean +- sample std of the held-out
-    numbers and of the window metrics (None where a method does not log one)."""
+    """One point per method x level of ``suite`` (``runs`` as `rgpo_lab.rlhf_report.runs.load` reads the
+    suite's folder: keys ``<method>__<S|L><level>``): n, seeds, per-seed values and mean +- sample std of the
+    held-out numbers and of the window metrics (None where a method does not log one)."""
     letter, spec = STUDIES[suite]
     points = []
     for level in spec["levels"]:

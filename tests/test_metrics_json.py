@@ -92,7 +92,8 @@ def test_writer_marks_only_an_iteration_whose_every_step_lacks_gold(tmp_path):
 
 def test_lab_reads_null_as_nan_and_keeps_text_fields(tmp_path):
     """rgpo_lab's readers take the new files (null, a text column in metrics.csv) as they took the old."""
-    from rgpo_lab.rlhf_report import load, read_rows, table
+    from rgpo_lab.rlhf_report.comparison import table
+    from rgpo_lab.rlhf_report.runs import load, read_rows
     from rgpo_lab.rlhf_suite import read_run_json, read_validation
 
     run = tmp_path / "rgpo__s1"

@@ -1,4 +1,4 @@
-"""rgpo_lab/mujoco_report.py on a synthetic results folder: known numbers in, known tables out, statistics
+"""rgpo_lab/mujoco_report/ on a synthetic results folder: known numbers in, known tables out, statistics
 checked against scipy."""
 
 from __future__ import annotations
@@ -11,7 +11,34 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from rgpo_lab import mujoco_report as report
+from rgpo_lab.mujoco_report.build import build_report
+from rgpo_lab.mujoco_report.paper_tables import (
+    aggregate,
+    gates_md,
+    gates_table,
+    kl_md,
+    kl_table,
+    long_kl_md,
+    long_kl_table,
+    long_md,
+    long_table,
+    main_returns_md,
+    main_returns_table,
+    ppo_kl_md,
+)
+from rgpo_lab.mujoco_report.policy_lag import policy_lag_scores, policy_lag_tables
+from rgpo_lab.mujoco_report.runs import load_runs
+from rgpo_lab.mujoco_report.studies import (
+    STUDIES,
+    ill_conditioned_envs,
+    normalised_scores,
+    study_aggregate,
+    study_contrasts,
+    study_md,
+    study_table,
+    study_tests,
+)
+from rgpo_lab.statistics import stratified_bootstrap_ci
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,7 +92,7 @@ def results(tmp_path):
 
 
 def test_main_returns_table_and_welch_test(results):
-    t = report.main_returns_table(report.load_runs(results)).set_index("env")
+    t = main_returns_table(load_runs(results)).set_index("env")
     hc = t.loc["HalfCheetah-v4"]
     assert (hc.ppo_mean, hc.ppo_std, hc.ppo_n) == (200.0, 100.0, 3)  # sample std, ddof = 1
     assert (hc.rgpo_mean, hc.rgpo_std, hc.rgpo_n) == (400.0, 100.0, 3)
@@ -76,22 +103,22 @@ def test_main_returns_table_and_welch_test(results):
     hop = t.loc["Hopper-v4"]
     assert hop.ppo_n == 1 and np.isnan(hop.ppo_std) and hop.rgpo_n == 0  # unfinished runs do not count
     assert t.loc["Ant-v4"].ppo_n == 0
-    md = report.main_returns_md(t.reset_index())
+    md = main_returns_md(t.reset_index())
     assert "400 ± 100 (n=3) / 3006 ± 790" in md and "not run / 709 ± 237" in md and "+100% / -3%" in md
 
 
 def test_kl_table_both_definitions(results):
-    t = report.kl_table(report.load_runs(results))
+    t = kl_table(load_runs(results))
     ppo = t[(t.env == "HalfCheetah-v4") & (t.method == "ppo")].iloc[0]
     assert ppo.n == 3 and ppo.kl_mean == pytest.approx(0.0475) and ppo.kl_max == pytest.approx(0.1)
     assert ppo.spike_rate == pytest.approx(0.5)  # 0.05 and 0.1 exceed 0.04, in every seed
     assert ppo.kl_minibatch_max == pytest.approx(0.2) and ppo.kl_final_mean == pytest.approx(0.07125)
     assert ppo.spike_rate_final == pytest.approx(0.75)  # 1.5 x [0.01, 0.05, 0.03, 0.1]: 3 of 4 above 0.04
-    assert "0.0475 / 0.243" in report.kl_md(t)
+    assert "0.0475 / 0.243" in kl_md(t)
 
 
 def test_aggregate_statistics_against_scipy(results):
-    agg = report.aggregate(report.load_runs(results), n_boot=500)
+    agg = aggregate(load_runs(results), n_boot=500)
     # HalfCheetah only (Hopper's RGPO run is unfinished; Hopper PPO alone still normalises its PPO)
     norm_rgpo = np.array([300, 400, 500]) / 200.0
     assert agg["iqm"]["rgpo"]["iqm"] == pytest.approx(stats.trim_mean(norm_rgpo, 0.25))
@@ -103,20 +130,18 @@ def test_aggregate_statistics_against_scipy(results):
 
 def test_stratified_bootstrap_resamples_within_groups():
     groups = [(np.array([1.0, 1.0]),), (np.array([5.0, 5.0, 5.0]),)]
-    lo, hi = report.stratified_bootstrap_ci(
-        groups, lambda gs: float(np.mean([g[0].mean() for g in gs])), n_boot=200
-    )
+    lo, hi = stratified_bootstrap_ci(groups, lambda gs: float(np.mean([g[0].mean() for g in gs])), n_boot=200)
     assert lo == hi == 3.0  # each group keeps its own values: the statistic cannot move
 
 
 def test_gates_window_and_report_files(results, tmp_path):
-    gates = report.gates_table(report.load_runs(results)).set_index("gate")
+    gates = gates_table(load_runs(results)).set_index("gate")
     assert gates.loc["temperature"].n == 1 and gates.loc["temperature"].window_return == pytest.approx(
         np.linspace(0, 900, 30)[-20:].mean()
     )
     assert gates.loc["clipped_linear"].n == 0
     out = str(tmp_path / "report")
-    text = report.build_report(results, out, n_boot=200)
+    text = build_report(results, out, n_boot=200)
     assert "| main | 48 | 7 | 1 | 40 |" in text  # 7 finished, Hopper RGPO in progress, the rest not started
     assert "| clipped_linear | 0 | not run / 3181 | - / -7% |" in text
     for name in (
@@ -139,7 +164,7 @@ def test_gates_against_sigmoid_welch(tmp_path):
     for seed, (sig, lin) in enumerate([(1000.0, 700.0), (1200.0, 800.0), (1100.0, 1000.0)]):
         write_run(root, "main", "HalfCheetah-v4", "rgpo", seed, sig, [0.02] * 30)
         write_run(root, "gates", "HalfCheetah-v4", "rgpo", seed, lin, [0.02] * 30, variant="clipped_linear")
-    t = report.gates_table(report.load_runs(root)).set_index("gate")
+    t = gates_table(load_runs(root)).set_index("gate")
     window = np.linspace(0, 1, 30)[-20:].mean()  # episodic_return = linspace(0, final, 30)
     ref = stats.ttest_ind(
         np.array([1000, 1200, 1100]) * window,
@@ -151,7 +176,7 @@ def test_gates_against_sigmoid_welch(tmp_path):
     assert lin.p_sigmoid_greater == pytest.approx(ref.pvalue)
     assert lin.vs_sigmoid == pytest.approx(2500 / 3300 - 1)
     assert np.isnan(t.loc["sigmoid"].p_sigmoid_greater) and t.loc["temperature"].n == 0
-    md = report.gates_md(t.reset_index())
+    md = gates_md(t.reset_index())
     assert (
         f"| clipped_linear | 3 | {lin.window_return:.0f} / 3181 | -24% (p = {ref.pvalue:.2f}) / -7% |" in md
     )
@@ -164,7 +189,7 @@ def test_ppo_kl_table_rows(results):
     write_run(
         results, "ppo_kl", "HalfCheetah-v4", "ppo", 0, 700.0, [0.01, 0.09, 0.05, 0.2], variant="no_lranneal"
     )
-    text = report.ppo_kl_md(report.load_runs(results))
+    text = ppo_kl_md(load_runs(results))
     lines = text.splitlines()
     assert "| HalfCheetah-v4 | ppo | paper | 3 | 3107 | 0.243 | 11.59 | 79% | | |" in lines
     # mean 0.0875, max 0.2, 3 of 4 above 0.04; KL_final = 1.5 x: mean 0.13125, 3 of 4 above 0.04
@@ -188,15 +213,15 @@ def test_long_horizon_table_welch_and_figure(tmp_path):
         write_run(root, "long", "HalfCheetah-v4", "rgpo", seed, r3, [0.02] * 40, steps=3_000_000)
     write_run(root, "long", "HalfCheetah-v4", "rgpo", 0, 5000, [0.02] * 10, steps=6_000_000, finished=False)
     write_run(root, "main", "Hopper-v4", "ppo", 0, 3000, [0.02] * 30)  # another env: not in the table
-    rows = report.long_table(report.load_runs(root))
+    rows = long_table(load_runs(root))
     assert rows[0] == {"method": "ppo", "1M": [1000, 1200, 1100], "3M": [800, 700, 900], "6M": []}
     assert sorted(rows[1]["3M"]) == [1300, 1500, 1700] and rows[1]["6M"] == []
-    md = report.long_md(rows)
+    md = long_md(rows)
     ref = stats.ttest_ind([1500, 1700, 1300], [800, 700, 900], equal_var=False, alternative="greater")
     assert f"3M: t = {ref.statistic:.2f}" in md and f"p = {ref.pvalue:.3f}" in md
     assert "| rgpo | 950 ± 50 (n=3)" in md and "| not run /" in md
     out = str(tmp_path / "report")
-    report.build_report(root, out, n_boot=50)
+    build_report(root, out, n_boot=50)
     assert os.path.getsize(os.path.join(out, "curves_long.png")) > 0
 
 
@@ -210,7 +235,7 @@ def test_long_horizon_kl_table_pools_every_iteration_of_a_cell(tmp_path):
     write_run(root, "long", "HalfCheetah-v4", "ppo", 0, 2000, [0.2, 0.02], steps=3_000_000)
     write_run(root, "long", "HalfCheetah-v4", "ppo", 1, 2000, [0.3, 0.3], steps=6_000_000, finished=False)
     write_run(root, "main", "Hopper-v4", "rgpo", 0, 3000, [0.5, 0.5])  # another env: not in the table
-    rows = {(r["method"], r["budget"]): r for r in report.long_kl_table(report.load_runs(root))}
+    rows = {(r["method"], r["budget"]): r for r in long_kl_table(load_runs(root))}
     one = rows[("ppo", 1)]
     assert one["n"] == 3 and one["kl_mean"] == pytest.approx(0.0475) and one["kl_max"] == pytest.approx(0.1)
     assert one["spike_rate"] == pytest.approx(0.5)  # 0.05 and 0.1 of [0.01, 0.05, 0.03, 0.1] exceed 0.04
@@ -219,7 +244,7 @@ def test_long_horizon_kl_table_pools_every_iteration_of_a_cell(tmp_path):
     assert three["n"] == 1 and three["kl_mean"] == pytest.approx(0.11) and three["spike_rate"] == 0.5
     assert three["kl_final_mean"] == pytest.approx(0.165)  # 1.5 x [0.2, 0.02]
     assert rows[("ppo", 6)]["n"] == 0 and rows[("rgpo", 1)]["n"] == 0
-    md = report.long_kl_md(list(rows.values()))
+    md = long_kl_md(list(rows.values()))
     assert "| ppo | 1M | 3 | 0.0475 | 0.1000 | 50% | 0.0713 | 75% |" in md
     assert "| ppo | 6M | 0 | not run | | | | |" in md
 
@@ -244,10 +269,8 @@ def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
     open(
         os.path.join(root, "annealed5", "Ant-v4__rgpo__default__s4__1000k", "metrics.csv"), "w"
     ).close()  # just started
-    runs = report.load_runs(root)
-    rows = {
-        r["arm"]: r for r in report.study_table(runs, report.STUDIES["annealed"]) if r["env"] == "Hopper-v4"
-    }
+    runs = load_runs(root)
+    rows = {r["arm"]: r for r in study_table(runs, STUDIES["annealed"]) if r["env"] == "Hopper-v4"}
     assert rows["ppo"]["n"] == 5 and rows["rgpo"]["seeds"] == [0, 1, 2, 3, 4]
     assert rows["rgpo"]["train"] == pytest.approx((np.mean(rgpo), np.std(rgpo, ddof=1), 5))
     assert rows["rgpo"]["eval"] == pytest.approx((2 * np.mean(rgpo[3:]), 2 * np.std(rgpo[3:], ddof=1), 2))
@@ -258,14 +281,14 @@ def test_study_pools_suites_and_tests_against_the_reference_arm(tmp_path):
     assert rows["rgpo"]["train_diff"] == pytest.approx(np.mean(rgpo) / np.mean(ppo) - 1)
     ent = np.array(rgpo) / 100  # the last iteration's entropy of each run
     assert rows["rgpo"]["entropy"] == pytest.approx((ent.mean(), ent.std(ddof=1), 5))
-    agg = report.study_aggregate(runs, report.STUDIES["annealed"], n_boot=200)
+    agg = study_aggregate(runs, STUDIES["annealed"], n_boot=200)
     norm = np.array(rgpo) / np.mean(ppo)
     assert agg["rgpo"]["iqm"] == pytest.approx(stats.trim_mean(norm, 0.25))
     pairs = [(x > y) + 0.5 * (x == y) for x in rgpo for y in ppo]
     assert agg["rgpo"]["p_improvement"] == pytest.approx(np.mean(pairs))
     lo, hi = agg["rgpo"]["iqm_ci95"]
     assert lo <= agg["rgpo"]["iqm"] <= hi
-    text = report.build_report(root, str(tmp_path / "out"), n_boot=50)
+    text = build_report(root, str(tmp_path / "out"), n_boot=50)
     assert "When does RGPO help? annealed" in text and "| Ant-v4 | ppo | 0 | not run |" in text
     assert os.path.exists(tmp_path / "out" / "return_vs_movement.png")
     assert os.path.exists(tmp_path / "out" / "performance_profile_annealed.png")
@@ -283,11 +306,7 @@ def test_kl_budget_contrast_tests_capped_ppo_against_rgpo_at_its_default_budget(
         )
         write_run(root, "main_compiled", "Ant-v4", "rgpo", seed, rgpo[seed], [0.02, 0.02 + seed / 100])
     write_run(root, "annealed5", "Ant-v4", "rgpo", 3, 5000.0, [0.5])  # seed 3: not in the study's seeds 0-2
-    (row,) = [
-        c
-        for c in report.study_contrasts(report.load_runs(root), report.STUDIES["kl_budget"])
-        if c["env"] == "Ant-v4"
-    ]
+    (row,) = [c for c in study_contrasts(load_runs(root), STUDIES["kl_budget"]) if c["env"] == "Ant-v4"]
     assert (row["a"], row["b"]) == ("ppo, target_kl 0.03", "rgpo, target 0.02")
     ref = stats.ttest_ind(capped, rgpo, equal_var=False)
     assert (row["train"][0], row["train"][2]) == pytest.approx((ref.statistic, ref.pvalue))
@@ -296,11 +315,11 @@ def test_kl_budget_contrast_tests_capped_ppo_against_rgpo_at_its_default_budget(
         np.mean([0.02, 0.02, 0.02, 0.03, 0.02, 0.04])
     )
     assert np.isnan(row["eval"][0])  # no evaluation in these runs: no test, not a zero
-    _, contrasts = report.study_tests(report.load_runs(root), report.STUDIES["kl_budget"])
+    _, contrasts = study_tests(load_runs(root), STUDIES["kl_budget"])
     (tested,) = [c for c in contrasts if c["env"] == "Ant-v4"]
     assert tested["train_p_holm"] == pytest.approx(ref.pvalue)  # a family of one test
     assert tested["train_verdict"] == ("higher" if ref.pvalue <= 0.05 else "no significant difference")
-    md = report.study_md(report.load_runs(root), report.STUDIES["kl_budget"], n_boot=50)
+    md = study_md(load_runs(root), STUDIES["kl_budget"], n_boot=50)
     assert (
         f"{ref.statistic:.2f} / " in md
         and "| HalfCheetah-v4 | ppo, target_kl 0.03 | rgpo, target 0.02 | not run |" in md
@@ -319,26 +338,26 @@ def test_minmax_aggregate_is_added_where_the_reference_mean_is_near_zero(tmp_pat
         for env, ppo, rgpo in (("Ant-v4", ant_ppo, ant_rgpo), ("HalfCheetah-v4", hc_ppo, hc_rgpo)):
             for method, value in (("ppo", ppo[seed]), ("rgpo", rgpo[seed])):
                 write_run(root, "constant_lr", env, method, seed, value, [0.02], variant="constant_lr")
-    runs = report.load_runs(root)
-    study = report.STUDIES["constant_lr"]
-    assert report.ill_conditioned_envs(runs, study) == ["Ant-v4"]
-    mm = report.normalised_scores(runs, study, scale="minmax")
+    runs = load_runs(root)
+    study = STUDIES["constant_lr"]
+    assert ill_conditioned_envs(runs, study) == ["Ant-v4"]
+    mm = normalised_scores(runs, study, scale="minmax")
     assert mm["rgpo"]["Ant-v4"] == pytest.approx((np.array(ant_rgpo) + 40) / 90)
     assert mm["ppo"]["HalfCheetah-v4"] == pytest.approx((np.array(hc_ppo) - 1000) / 500)
-    agg_mm = report.study_aggregate(runs, study, n_boot=100, scale="minmax")
+    agg_mm = study_aggregate(runs, study, n_boot=100, scale="minmax")
     hand = np.concatenate([(np.array(ant_rgpo) + 40) / 90, (np.array(hc_rgpo) - 1000) / 500])
     assert agg_mm["rgpo"]["iqm"] == pytest.approx(stats.trim_mean(hand, 0.25))
-    agg_ref = report.study_aggregate(runs, study, n_boot=100)
+    agg_ref = study_aggregate(runs, study, n_boot=100)
     assert agg_ref["rgpo"]["iqm"] == pytest.approx(
         stats.trim_mean(
             np.concatenate([np.array(ant_rgpo) / np.mean(ant_ppo), np.array(hc_rgpo) / 1200]), 0.25
         )
     )
     assert agg_mm["rgpo"]["p_improvement"] == pytest.approx(agg_ref["rgpo"]["p_improvement"])
-    text = report.study_md(runs, study, n_boot=50)
+    text = study_md(runs, study, n_boot=50)
     assert "min-max normalised per environment" in text and "within one std of 0 on Ant-v4" in text
     with pytest.raises(ValueError, match="scale"):
-        report.normalised_scores(runs, study, scale="zscore")
+        normalised_scores(runs, study, scale="zscore")
 
 
 def test_policy_lag_study_follows_its_reading_rule(tmp_path):
@@ -375,7 +394,7 @@ def test_policy_lag_study_follows_its_reading_rule(tmp_path):
     m["behaviour_ratio_max"], m["rejected_frac"] = [1.0, 3.0], [0.1, 0.3]
     m.to_csv(d, index=False)
 
-    t = report.policy_lag_tables(report.load_runs(root))
+    t = policy_lag_tables(load_runs(root))
     summary = {(r["env"], r["lag"], r["arm"]): r for r in t["summary"]}
     assert summary[env, 0, "ppo decoupled"]["eval"] == pytest.approx(
         (np.mean(l0["ppo"]), np.std(l0["ppo"], ddof=1), 5)
@@ -414,12 +433,12 @@ def test_policy_lag_study_follows_its_reading_rule(tmp_path):
         running = max(running, min(1.0, (len(raw) - rank) * raw[i]))
         expected[i] = running
     assert [retention[k]["p_holm"] for k in retention] == pytest.approx(expected)
-    scores = report.policy_lag_scores(report.load_runs(root))  # min-max over every run of the study
+    scores = policy_lag_scores(load_runs(root))  # min-max over every run of the study
     every = [v for d in (l0, l8["lag8"], l8["lag8_decoupled"]) for vs in d.values() for v in vs]
     lo, hi = min(every), max(every)
     assert scores["rgpo"][env] == pytest.approx((np.array(l8["lag8"]["rgpo"]) - lo) / (hi - lo))
     assert scores["ppo"][env].min() == pytest.approx(0.0)  # PPO at L = 8 holds the worst run
-    text = report.build_report(root, str(tmp_path / "out"), n_boot=20, plots=True)
+    text = build_report(root, str(tmp_path / "out"), n_boot=20, plots=True)
     assert "## Stale samples (policy lag)" in text and "fixed before the runs" in text
     assert (tmp_path / "out" / "performance_profile_policy_lag.png").exists()
     assert (tmp_path / "out" / "curves_policy_lag.png").exists()

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rgpo_lab import rlhf_report, rlhf_staleness
+from rgpo_lab import rlhf_staleness
+from rgpo_lab.rlhf_report.build import build_studies
+from rgpo_lab.rlhf_report.runs import load
 from rgpo_lab.statistics import holm
 
 # test gold per seed: rgpo keeps its gold as S grows, grpo loses it; cispo has two seeds at S = 16 only
@@ -53,7 +55,7 @@ def study(tmp_path):
 
 
 def test_staleness_tests_follow_the_reading_rule(study):
-    runs = rlhf_report.load(str(study / "stale_sync"))
+    runs = load(str(study / "stale_sync"))
     points = rlhf_staleness.staleness_points(runs, "stale_sync")
     tests = {t["method"]: t for t in rlhf_staleness.staleness_tests(points, "stale_sync")}
     # A: two-sided Welch at S = 16, Holm over the methods that have runs there (grpo, cispo)
@@ -97,7 +99,7 @@ def test_staleness_tests_follow_the_reading_rule(study):
 
 
 def test_window_metrics_and_the_section(study):
-    runs = rlhf_report.load(str(study / "stale_sync"))
+    runs = load(str(study / "stale_sync"))
     points = rlhf_staleness.staleness_points(runs, "stale_sync")
     p16 = next(p for p in points if p["method"] == "rgpo" and p["level"] == 16)
     # window = iterations 20-25 = steps 305-400: the mean over the batch's 16 steps,
@@ -105,7 +107,7 @@ def test_window_metrics_and_the_section(study):
     assert p16["r_mean"].mean == pytest.approx(1.0 + 0.01 * 7.5)
     assert p16["r_max"].mean == pytest.approx(1.0 + 0.1 * 5 + 5.0)  # step 390 is the 6th of its batch
     assert p16["kl_coef"].mean == pytest.approx(0.01) and p16["clip_frac"].n == 0
-    text = rlhf_report.build_studies(str(study), str(study / "report"))
+    text = build_studies(str(study), str(study / "report"))
     assert "## Stale samples (staleness study)" in text and "stale samples" in text.splitlines()[0]
     assert "| sapo | 16 | 0 | not run | not run |" in text
     assert "Runs finished: 21 of 55." in text
@@ -170,7 +172,7 @@ def test_async_runs_read_the_async_trainers_keys(tmp_path):
         (d / "summary.json").write_text(json.dumps({"window": [304, 400]}))
         (d / "heldout.json").write_text(json.dumps({"gold": 1.0, "kl_ref": 0.1, "reward": 1.0}))
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    runs = rlhf_report.load(str(tmp_path / "stale_async"))
+    runs = load(str(tmp_path / "stale_async"))
     points = {p["method"]: p for p in rlhf_staleness.staleness_points(runs, "stale_async") if p["level"] == 8}
     rgpo, grpo = points["rgpo"], points["grpo"]
     assert rgpo["r_mean"].mean == pytest.approx(1.01) and rgpo["r_max"].mean == pytest.approx(3.0)

@@ -9,6 +9,13 @@ import os
 
 import numpy as np
 
+from rgpo_lab.rlhf_report.build import build_report, build_studies
+from rgpo_lab.rlhf_report.comparison import gold_vs_sft, overoptimisation, pairwise, table
+from rgpo_lab.rlhf_report.dynamics import dynamics
+from rgpo_lab.rlhf_report.runs import load, read_rows, window_of
+from rgpo_lab.rlhf_report.studies import frontier_interpolation, reuse_tests
+from rgpo_lab.statistics import holm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -54,7 +61,6 @@ def test_report_on_a_synthetic_results_folder(tmp_path):
     import numpy as np
     import pytest
 
-    report = _load("rlhf_report")
     values = {"rgpo": [(1.0, 0.3, 2.0), (2.0, 0.5, 1.0)], "grpo": [(3.0, 1.0, 0.5)]}
     for method, seeds in values.items():
         for seed, (reward, kl, gold) in enumerate(seeds, start=1):
@@ -67,12 +73,12 @@ def test_report_on_a_synthetic_results_folder(tmp_path):
             ]
             (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "ppo__s1").mkdir()  # unfinished: no summary / heldout
-    rows = {r["method"]: r for r in report.table(report.load(str(tmp_path)))}
+    rows = {r["method"]: r for r in table(load(str(tmp_path)))}
     assert rows["rgpo"]["n"] == 2 and rows["rgpo"]["reward"] == pytest.approx(
         (1.5, np.std([1.0, 2.0], ddof=1), 2)
     )
     assert rows["rgpo"]["heldout_reward"][0] == pytest.approx(2.5) and rows["ppo"]["n"] == 0
-    text = report.build_report(str(tmp_path), str(tmp_path / "report"))
+    text = build_report(str(tmp_path), str(tmp_path / "report"))
     assert "| rgpo | 2 | 1.500 ± 0.707 | not run | 0.400 ± 0.141 | 1.500 ± 0.707 |" in text  # no sft: no gain
     assert "| ppo | 0 | not run |" in text and "| grpo | 1 | 3.000 | not run | 1.000 | 0.500 |" in text
     assert "0.243 / 0.364" in text
@@ -87,7 +93,6 @@ def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
     import pytest
     from scipy import stats
 
-    report = _load("rlhf_report")
     sft_gold, rgpo_window_gold = [1.0, 1.2, 1.1], [2.0, 1.0, 1.6]
     for seed, gold in enumerate(sft_gold, start=1):
         d = tmp_path / f"sft__s{seed}"
@@ -115,8 +120,8 @@ def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
                 }
             )
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    runs = report.load(str(tmp_path))
-    (row,) = report.gold_vs_sft(runs)
+    runs = load(str(tmp_path))
+    (row,) = gold_vs_sft(runs)
     a, b = np.array(rgpo_window_gold), np.array(sft_gold)
     va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
     df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)  # Welch-Satterthwaite
@@ -125,11 +130,11 @@ def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
     assert row["window"] == pytest.approx((diff, diff - half, diff + half))
     assert row["best_bin"] == (26, 50) and row["best"][0] == pytest.approx(2.1 - 1.1)
     assert row["heldout"][0] == pytest.approx(diff)  # held-out golds equal the window golds here
-    over = report.overoptimisation(runs)
+    over = overoptimisation(runs)
     assert over["rho"] == pytest.approx(1.0) and len(over["points"]) == 9
     # the first bin of seed 1: proxy shift (4.4 - 0) / 2 minus gold shift (1.5 - 1.1) / 0.5
     assert over["points"][0][4] == pytest.approx(4.4 / 2 - 0.4 / 0.5)
-    text = report.build_report(str(tmp_path), str(tmp_path / "report"))
+    text = build_report(str(tmp_path), str(tmp_path / "report"))
     assert "| rgpo | 3 | 1.000 ± 0.000 | 1.000 ± 0.000 | 0.200 ± 0.000 |" in text  # reward - sft reward (0)
     assert "| rgpo | 3 | +0.433 [" in text and "| sft | 3 |" in text and "Spearman rho = +1.000" in text
 
@@ -137,7 +142,6 @@ def test_report_gold_vs_sft_and_the_overoptimisation_gap(tmp_path):
 def test_report_reads_the_same_rows_from_metrics_csv_as_from_metrics_jsonl(tmp_path):
     """results/ keeps metrics.csv only; the report must read from it what the JSONL holds (empty cell: not
     logged at that step)."""
-    report = _load("rlhf_report")
     rows = [
         {"iteration": 1, "step": 1, "reward": 1.5, "kl_ref/monitor": 0.25},
         {"iteration": 1, "step": 2, "loss": -0.125},
@@ -148,7 +152,7 @@ def test_report_reads_the_same_rows_from_metrics_csv_as_from_metrics_jsonl(tmp_p
     keys = ["iteration", "step", "reward", "kl_ref/monitor", "loss"]
     lines = [",".join(keys)] + [",".join(str(r.get(k, "")) for k in keys) for r in rows]
     (tmp_path / "b" / "metrics.csv").write_text("\n".join(lines) + "\n")
-    assert report.read_rows(str(tmp_path / "a")) == report.read_rows(str(tmp_path / "b")) == rows
+    assert read_rows(str(tmp_path / "a")) == read_rows(str(tmp_path / "b")) == rows
 
 
 def test_a_corrupt_run_info_is_refused_with_its_path(tmp_path):
@@ -168,11 +172,10 @@ def test_a_corrupt_run_info_is_refused_with_its_path(tmp_path):
 def test_holm_adjustment_matches_its_hand_computed_values():
     import pytest
 
-    report = _load("rlhf_report")
     # sorted 0.005 0.01 0.03 0.04 times 4 3 2 1 = 0.02 0.03 0.06 0.04 -> running max 0.02 0.03 0.06 0.06
-    assert report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert report.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
-    assert report.holm([0.2]) == pytest.approx([0.2])
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.2]) == pytest.approx([0.2])
 
 
 def _write_run(d, summary, heldout, rows=()):
@@ -186,7 +189,6 @@ def test_pairwise_tests_are_welch_with_holm_over_each_family(tmp_path):
     import pytest
     from scipy import stats
 
-    report = _load("rlhf_report")
     gold = {"sft": [1.0, 1.1, 0.9], "rgpo": [2.0, 2.2, 1.9], "ppo": [1.8, 2.1, 1.7], "grpo": [1.2, 1.0, 1.5]}
     for m, values in gold.items():
         for seed, g in enumerate(values, start=1):
@@ -195,7 +197,7 @@ def test_pairwise_tests_are_welch_with_holm_over_each_family(tmp_path):
                 {"reward": 0.0, "kl_ref": 0.1, "gold": g},
                 {"reward": 0.0, "kl_ref": 0.1 * seed, "gold": g, "samples_per_prompt": 4},
             )
-    tests = report.pairwise(report.load(str(tmp_path)), "heldout", "gold")
+    tests = pairwise(load(str(tmp_path)), "heldout", "gold")
     assert [(r["a"], r["b"]) for r in tests["vs_sft"]] == [("rgpo", "sft"), ("ppo", "sft"), ("grpo", "sft")]
     assert [(r["a"], r["b"]) for r in tests["rgpo_vs"]] == [("rgpo", "ppo"), ("rgpo", "grpo")]
     p = [stats.ttest_ind(gold["rgpo"], gold[m], equal_var=False).pvalue for m in ("ppo", "grpo")]
@@ -203,14 +205,13 @@ def test_pairwise_tests_are_welch_with_holm_over_each_family(tmp_path):
     lo, hi = sorted(p)
     expected = {min(p): 2 * lo, max(p): max(2 * lo, hi)}  # Holm with two comparisons
     assert [r["p_holm"] for r in tests["rgpo_vs"]] == pytest.approx([expected[x] for x in p])
-    text = report.build_report(str(tmp_path), str(tmp_path / "report"), plots=False)
+    text = build_report(str(tmp_path), str(tmp_path / "report"), plots=False)
     assert "4 sample(s) per held-out prompt" in text and "| rgpo - ppo | 3 / 3 |" in text
 
 
 def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_path):
     import pytest
 
-    report = _load("rlhf_report")
     # frontier: rgpo and ppo at beta 0.01 / 0.05 (final) / 0.2; gold = 2 - KL for rgpo, 1.5 - KL for ppo
     for m, offset in (("rgpo", 2.0), ("ppo", 1.5)):
         for beta, kl in (("0.01", 0.6), ("0.05", 0.3), ("0.2", 0.1)):
@@ -230,7 +231,7 @@ def test_study_report_frontier_and_reuse_use_the_final_runs_as_base_point(tmp_pa
         summary |= {"rejected_frac": 0.0, "window": [0, 2]}
         heldout = {"reward": 1.0, "kl_ref": 0.2, "gold": 1.0}
         _write_run(tmp_path / "reuse" / f"rgpo__reuse1__s{seed}", summary, heldout, rows)
-    text = report.build_studies(str(tmp_path), str(tmp_path / "report"))
+    text = build_studies(str(tmp_path), str(tmp_path / "report"))
     data = json.load(open(tmp_path / "report" / "studies.json"))
     rgpo = {p["value"]: p for p in data["frontier"] if p["method"] == "rgpo"}
     assert (
@@ -273,19 +274,16 @@ def _point(method, value, kl, gold):
 def test_frontier_interval_resamples_seeds_of_both_methods():
     import pytest
 
-    report = _load("rlhf_report")
     # RGPO's curve is noiseless (gold 2 - KL); PPO's point has KL 0.3 on both seeds and gold 1.0 or 1.4. A
     # resample's PPO mean is 1.0 (p 1/4), 1.2 (1/2) or 1.4 (1/4), so the 2.5 / 97.5 percentiles are the
     # extremes: RGPO's 1.7 minus 1.4 and minus 1.0
     points = [_point("rgpo", v, [kl, kl], [2 - kl, 2 - kl]) for v, kl in (("a", 0.1), ("b", 0.6))]
     points.append(_point("ppo", "c", [0.3, 0.3], [1.0, 1.4]))
-    (row,) = report.frontier_interpolation(points, "rgpo", "ppo", n_boot=4000)
+    (row,) = frontier_interpolation(points, "rgpo", "ppo", n_boot=4000)
     assert row["difference"] == pytest.approx(0.5)
     assert (row["low"], row["high"], row["inside"]) == pytest.approx((0.3, 0.7, 1.0))
     # a PPO point outside RGPO's KL range has no interpolation and no interval
-    (row,) = report.frontier_interpolation(
-        [*points[:2], _point("ppo", "d", [0.9, 0.9], [1.0, 1.4])], "rgpo", "ppo"
-    )
+    (row,) = frontier_interpolation([*points[:2], _point("ppo", "d", [0.9, 0.9], [1.0, 1.4])], "rgpo", "ppo")
     assert row["interpolated"] is None and row["low"] is None
 
 
@@ -293,7 +291,6 @@ def test_reuse_tests_are_welch_with_holm_at_each_reuse_count():
     import pytest
     from scipy import stats
 
-    report = _load("rlhf_report")
     gold = {
         ("rgpo", "1"): [2.0, 2.1, 1.9],
         ("rgpo", "8"): [1.8, 1.9, 2.0],
@@ -302,7 +299,7 @@ def test_reuse_tests_are_welch_with_holm_at_each_reuse_count():
         ("ppo_clip_kl", "8"): [1.6, 1.7, 1.5],
     }
     points = [_point(m, v, [0.1] * 3, g) for (m, v), g in gold.items()]
-    rows = report.reuse_tests(points, base="1")
+    rows = reuse_tests(points, base="1")
     # the base value's tests are the final suite's
     assert not [r for r in rows if r["kind"] == "vs" and r["value"] == "1"]
     at8 = [r for r in rows if r["kind"] == "vs" and r["value"] == "8"]
@@ -312,7 +309,7 @@ def test_reuse_tests_are_welch_with_holm_at_each_reuse_count():
         for m in ("grpo", "ppo_clip_kl")
     ]
     assert [r["p"] for r in at8] == pytest.approx(p)
-    assert [r["p_holm"] for r in at8] == pytest.approx(report.holm(p))
+    assert [r["p_holm"] for r in at8] == pytest.approx(holm(p))
     change = {r["a"]: r for r in rows if r["kind"] == "change"}
     assert set(change) == {"rgpo", "grpo"}  # ppo_clip_kl has no run at 1 reuse
     assert change["grpo"]["diff"] == pytest.approx(
@@ -329,7 +326,6 @@ def test_dynamics_table_reports_window_maximum_early_and_the_learning_rate_share
     import numpy as np
     import pytest
 
-    report = _load("rlhf_report")
     n = 80
     for seed in (1, 2):
         rows = [
@@ -351,9 +347,9 @@ def test_dynamics_table_reports_window_maximum_early_and_the_learning_rate_share
             {"reward": 0.0, "kl_ref": 0.1, "gold": 1.0},
             rows,
         )
-    runs = report.load(str(tmp_path))
-    assert report._window_of(runs) == (60, 80)
-    (row,) = report.dynamics(runs, (60, 80))
+    runs = load(str(tmp_path))
+    assert window_of(runs) == (60, 80)
+    (row,) = dynamics(runs, (60, 80))
     kl_window = [np.mean([0.001 * i * s for i in range(61, 81)]) for s in (1, 2)]
     assert row["kl_ref/monitor"]["window"] == pytest.approx(
         (np.mean(kl_window), np.std(kl_window, ddof=1), 2)
@@ -371,6 +367,6 @@ def test_dynamics_table_reports_window_maximum_early_and_the_learning_rate_share
     assert row["rgpo/kl_coef"]["window"][0] == pytest.approx(np.mean(coef_window))
     assert row["rgpo/kl_coef"]["min"] == pytest.approx((0.015, np.std([0.01, 0.02], ddof=1), 2))
     assert row["rgpo/rejected_frac"]["max"][0] == pytest.approx(0.03)
-    text = report.build_report(str(tmp_path), str(tmp_path / "report"), plots=False)
+    text = build_report(str(tmp_path), str(tmp_path / "report"), plots=False)
     assert "## Training dynamics" in text and "| rgpo | 2 |" in text
     assert "| rgpo | 2 | 0.0150 ± 0.0071 | 0.0150 ± 0.0071 | 0.03 ± 0.014 |" in text
