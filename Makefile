@@ -4,6 +4,9 @@ PIP := $(PYTHON) -m pip
 # A CPU wheel of torch for machines without one; GPU users keep the torch they installed.
 TORCH_CPU ?= torch==2.13.0
 EXTRAS ?= all
+# The versions CI passed with (pip's -c); `CONSTRAINTS= make install` resolves the newest releases instead.
+# An installed checkout (.install.stamp) keeps its versions until `make clean install`.
+CONSTRAINTS ?= constraints.txt
 STAMP := .install.stamp
 
 .PHONY: install demo core-demo test test-slow lint docs clean
@@ -12,7 +15,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import torch" 2>/dev/null || { echo "[install] torch CPU wheel ($(TORCH_CPU)), about a minute"; \
 		$(PIP) install --quiet "$(TORCH_CPU)"; }
 	@echo "[install] rgpo-trl and its extras [$(EXTRAS)] (TRL, transformers, MuJoCo, DeepSpeed, ...), 1-2 minutes"
-	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+	$(PIP) install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[$(EXTRAS)]"
 	@echo "[install] done"
 	@touch $(STAMP)
 
