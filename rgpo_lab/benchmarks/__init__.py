@@ -2,13 +2,8 @@
 ``python -m rgpo_lab.benchmarks.<module> [--help]`` from the repository root. Each compares two or more things
 in one run and writes its command, machine and result to results/benchmarks/ (``--out`` elsewhere).
 
-MuJoCo scripts against an earlier version of themselves (``--baseline-ref``, for refactors):
-    check_mujoco_bit_identity   metrics.csv equal as written (exit status 1 if not)
-    count_mujoco_calls          Python calls per iteration (load-independent)
-    mujoco_refactor             wall-clock time per iteration
-    mujoco_compile              ``--compile`` against the eager baseline, and CleanRL's PPO beside it
-
-MuJoCo scripts, speed and cost: mujoco_speed (against CleanRL's ppo_continuous_action.py; the RGPO / PPO
+MuJoCo scripts, speed and cost: mujoco_compile (``--compile`` against the eager scripts at ``--baseline-ref``,
+and CleanRL's PPO beside it), mujoco_speed (against CleanRL's ppo_continuous_action.py; the RGPO / PPO
 update ratio), env_wrappers (the scripts' environment against gymnasium's wrappers), compiled_steps_per_call,
 trpo_fvp (Fisher-vector products), mujoco_rollout (per-step rollout paths), mujoco_profile (where a step's
 time goes).
@@ -18,6 +13,10 @@ check_mujoco_path_divergence (where the eager and ``--compile`` rollouts of one 
 
 Trainers: trainer_step (RGPOTrainer or PPORLHFTrainer against TRL's GRPOTrainer), async_step
 (AsyncRGPOTrainer against TRL's AsyncGRPOTrainer).
+
+The refactors' one-off checks (check_mujoco_bit_identity, count_mujoco_calls, mujoco_refactor) were removed
+in issue 48; their outputs stay in results/benchmarks/ with the command and commit that made them, and
+``git log -1 -- rgpo_lab/benchmarks/<module>.py`` names the commit that removed one.
 
 common.py holds what they share (the repository root, results/benchmarks/, loading a script, writing a
 result)."""

@@ -1,4 +1,4 @@
-"""What the benchmarks share: the repository root, a MuJoCo script's short-run arguments, and a result
+"""What the benchmarks share: the repository root, a baseline version of the scripts, and a result
 written as JSON and Markdown (under results/benchmarks/) with the command, machine and load average that
 produced it. The scripts are imported as the modules they are
 (``importlib.import_module("mujoco_baselines.<method>_continuous_action")``)."""
@@ -18,15 +18,6 @@ RESULTS = os.path.join(ROOT, "results", "benchmarks")
 # one torch thread and one compile worker per script run: the A/B benchmarks of the scripts compare one core's
 # work
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-
-
-def hopper_args(out: str, iterations: int, compile_: bool) -> list[str]:
-    """A MuJoCo script's arguments for a short, quiet benchmark run: Hopper-v4, seed 1, width 256,
-    ``iterations`` rollouts of 2048 steps into ``out``/r, no evaluation."""
-    argv = ["--env-id", "Hopper-v4", "--seed", "1", "--hidden-size", "256"]
-    argv += ["--total-timesteps", str(2048 * iterations), "--output-dir", out, "--run-name", "r"]
-    argv += ["--no-tensorboard", "--no-verbose", "--eval-episodes", "0"]
-    return argv + (["--compile"] if compile_ else [])
 
 
 def invocation(module: str) -> str:
