@@ -1294,9 +1294,10 @@ class TrainingRun:
                 f"; evaluation return (mean action, {args.eval_episodes} episodes) "
                 f"{final['eval_return_mean']:.1f} ± {final['eval_return_std']:.1f}"
             )
-        if args.policy_lag > 0:
+        lag = getattr(args, "policy_lag", 0)  # PPO's and RGPO's flag; TRPO and AWR have none
+        if lag > 0:
             closing += (
-                f"; policy lag {args.policy_lag} (training episodes from the actor of {args.policy_lag} "
+                f"; policy lag {lag} (training episodes from the actor of {lag} "
                 "iterations before, the evaluation from the final one)"
             )
         with open(os.path.join(self.dir, "final.json.tmp"), "w") as f:

@@ -475,7 +475,10 @@ def test_tiny_async_run_shows_staleness_and_for_rgpo_the_gate(tmp_path, quick_as
 @pytest.mark.parametrize(
     "flags, needle",
     [
-        (["--method", "ppo"], "method must be one of ['rgpo', 'rgpo_old', 'grpo'] with trainer='async'"),
+        (
+            ["--method", "ppo"],
+            "'rgpo_mu', 'rgpo_gate'] with trainer='async', got 'ppo'",
+        ),
         (["--rollout_lag", "9"], "rollout_lag must be in [1, max_staleness = 4], got 9"),
         (
             ["--attn_implementation", "eager"],
