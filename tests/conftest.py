@@ -24,6 +24,15 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
+def model_path(tmp_path_factory):
+    """The tiny policy and its tokenizer on disk (rgpo_trl.testing.save_tiny_model, seed 0), built once for
+    every trainer test module that does not build its own."""
+    from rgpo_trl.testing import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+@pytest.fixture(scope="session")
 def quick_assets(tmp_path_factory):
     """The small tiny-HH assets, built once per machine into the cache like the demo's
     (``RGPO_TRL_TEST_FRESH_BUILD=1``: into a temporary directory instead)."""

@@ -12,7 +12,6 @@ import torch
 from _trainer_utils import (
     attach_recorder,
     base_args,
-    save_tiny_model,
     tiny_dataset,
     tiny_tokenizer,
     vowel_reward,
@@ -21,11 +20,6 @@ from _trainer_utils import (
 from rgpo_trl import PPORLHFConfig, PPORLHFTrainer
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_ppo"))
 
 
 def make(model_path, out, **overrides):

@@ -13,7 +13,6 @@ import torch
 from _trainer_utils import (
     attach_recorder,
     base_args,
-    save_tiny_model,
     tiny_dataset,
     tiny_tokenizer,
     vowel_reward,
@@ -26,11 +25,6 @@ from rgpo_trl.trainer.trainer import KL_CONTROLLER_FILE
 torch.set_num_threads(1)
 
 LOSS_ATOL = 1e-5  # float32 loss of O(0.1-1); independent log-probs agree with TRL's to ~3e-7
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"))
 
 
 def make_trainer(model_path, output_dir, peft_config=None, **overrides):

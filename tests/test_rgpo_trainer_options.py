@@ -11,7 +11,6 @@ import torch
 from _trainer_utils import (
     attach_recorder,
     base_args,
-    save_tiny_model,
     tiny_dataset,
     tiny_tokenizer,
     vowel_reward,
@@ -22,11 +21,6 @@ from rgpo_trl import RGPOConfig, RGPOTrainer
 torch.set_num_threads(1)
 LOSS_ATOL = 1e-5
 K = 5.0  # the default sigmoid gate
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_options"))
 
 
 @torch.no_grad()

@@ -8,7 +8,6 @@ import torch
 from _trainer_utils import (
     attach_recorder,
     base_args,
-    save_tiny_model,
     tiny_dataset,
     tiny_tokenizer,
     vowel_reward,
@@ -17,11 +16,6 @@ from _trainer_utils import (
 from rgpo_trl import RGPOConfig, RGPOTrainer
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_sampler"))
 
 
 def _trainer(model_path, tmp_path, **overrides):

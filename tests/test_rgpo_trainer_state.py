@@ -18,7 +18,6 @@ import torch
 from _trainer_utils import (
     attach_recorder,
     base_args,
-    save_tiny_model,
     tiny_dataset,
     tiny_tokenizer,
     vowel_reward,
@@ -36,11 +35,6 @@ RGPO_SOURCE = str(Path(rgpo_trl.__file__).parent)
 # GRPOTrainer's own controller rule; entropy_target 100 lies above any entropy of the tiny vocabulary, so the
 # coefficient steps up by delta at every optimizer step: 0.05 -> 0.07 -> 0.09 -> 0.11 -> 0.13
 ADAPTIVE = dict(use_adaptive_entropy=True, entropy_coef=0.05, entropy_target=100.0, entropy_coef_delta=0.02)
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_state"))
 
 
 class _RecordingTrainer(RGPOTrainer):
