@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from rgpo_lab.json_values import plain
 from rgpo_lab.mujoco_grid import CONFIRM_ENVS, ROOT, SUITES, GridRun
 from rgpo_lab.mujoco_normalisation import Normaliser
 from rgpo_lab.statistics import (
@@ -431,18 +432,6 @@ def curves(data, out: str) -> str:
     return path
 
 
-def _plain(x):
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if np.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
-
-
 def build(results: str = RESULTS, out: str = OUT, n_boot: int = 10_000, plots: bool = True) -> str:
     COMMITS.clear()
     data, missing = load(results)
@@ -476,7 +465,7 @@ def build(results: str = RESULTS, out: str = OUT, n_boot: int = 10_000, plots: b
         },
     }
     with open(os.path.join(out, "studies.json"), "w") as f:
-        json.dump(_plain(studies), f, indent=1, allow_nan=False)
+        json.dump(plain(studies), f, indent=1, allow_nan=False)
     return md
 
 

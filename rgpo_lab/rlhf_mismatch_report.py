@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from rgpo_lab import rlhf_mismatch as mm
+from rgpo_lab.json_values import plain
 from rgpo_lab.statistics import holm, mean_std, verdict, welch
 
 RESULTS = os.path.join(mm.ROOT, "results", "rlhf")
@@ -226,18 +227,6 @@ def report_md(data, missing, tests, hurt, changes) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plain(x):
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if np.isfinite(x) else None
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    return x
-
-
 def build(results: str = RESULTS, out: str = OUT) -> str:
     data, missing = load(results)
     tests = {cell: cell_tests(data, cell) for cell in data}
@@ -247,7 +236,7 @@ def build(results: str = RESULTS, out: str = OUT) -> str:
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(md)
     with open(os.path.join(out, "studies.json"), "w") as f:
-        json.dump(_plain({"missing": missing, "cells": tests, "hurt": hurt, "changes": changes}), f, indent=1)
+        json.dump(plain({"missing": missing, "cells": tests, "hurt": hurt, "changes": changes}), f, indent=1)
     return md
 
 
