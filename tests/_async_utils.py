@@ -55,9 +55,17 @@ def step_logs(trainer) -> list[dict]:
     return [h for h in trainer.state.log_history if "loss" in h]
 
 
-def packed_batch(model_path, trainer, noise=0.3, seed=0):
+def _token_log_probs(model, ids: list[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[:t]) for t >= 1 from a plain forward."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def packed_batch(model_path, trainer, noise=0.3, seed=0, reference=None):
     """A packed micro-batch of 4 samples whose sampler log-probs are the trainer's float64 ones plus N(0,
-    noise^2); returns the batch and, per sample, (float64 log-probs of the trained tokens, the sample)."""
+    noise^2); returns the batch and, per sample, (float64 log-probs of the trained tokens, the sample), with a
+    ``reference`` model also the reference's float64 log-probs of the trained tokens as a third item."""
     from transformers import AutoModelForCausalLM
     from trl.experimental.async_grpo.packing import TreeRow
 
@@ -70,9 +78,8 @@ def packed_batch(model_path, trainer, noise=0.3, seed=0):
     samples, row = [], TreeRow()
     for i in range(4):
         ids = [5, 9, 12] + rng.integers(3, 30, size=4 + i).tolist()
-        with torch.no_grad():
-            logits = plain(torch.tensor([ids])).logits[0]
-        logps = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        logps = _token_log_probs(plain, ids)
+        ref = () if reference is None else (_token_log_probs(reference, ids)[2:],)
         old = np.concatenate([[0.0], logps.numpy() + rng.normal(0, noise, size=len(ids) - 1)]).astype(
             np.float32
         )
@@ -85,7 +92,7 @@ def packed_batch(model_path, trainer, noise=0.3, seed=0):
             "metrics": {},
             "model_version": 0,
         }
-        samples.append((logps[2:], sample))
+        samples.append((logps[2:], sample, *ref))
         row.add(sample)
     batch = VersionedCollator(pad_token_id=0, num_processes=1).torch_call([[row]])
     return batch, samples

@@ -16,20 +16,11 @@ from _async_utils import config, packed_batch, step_logs, trainer_with_worker  #
 
 from rgpo_trl.async_rgpo import InProcessRolloutWorker  # noqa: E402
 from rgpo_trl.async_rgpo.sampler import sampled_log_probs  # noqa: E402
-from rgpo_trl.testing import tiny_dataset, tiny_model, tiny_tokenizer, vowel_reward  # noqa: E402
+from rgpo_trl.testing import tiny_dataset, tiny_tokenizer, vowel_reward  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("async_corr") / "tiny"
-    tok = tiny_tokenizer()
-    tiny_model(tok).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def _weights(name, r, adv, per_sample_r):

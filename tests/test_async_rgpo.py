@@ -15,7 +15,7 @@ import torch
 
 warnings.filterwarnings("ignore", message=".*trl.experimental.*")
 
-from _async_utils import config, step_logs, trainer_with_worker  # noqa: E402
+from _async_utils import config, packed_batch, step_logs, trainer_with_worker  # noqa: E402
 
 from rgpo_trl.async_rgpo import (  # noqa: E402
     AsyncRGPOTrainer,
@@ -25,20 +25,11 @@ from rgpo_trl.async_rgpo import (  # noqa: E402
     install_cpu_shims,
 )
 from rgpo_trl.core import AdaptiveKLController  # noqa: E402
-from rgpo_trl.testing import tiny_dataset, tiny_model, tiny_tokenizer, vowel_reward  # noqa: E402
+from rgpo_trl.testing import tiny_dataset, tiny_tokenizer, vowel_reward  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("async") / "tiny"
-    tok = tiny_tokenizer()
-    tiny_model(tok).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 # ------------------------------------------------------------------------------------------------ CPU shims
@@ -103,9 +94,6 @@ def test_loss_equals_the_closed_form_on_a_packed_batch(model_path, tmp_path, mod
     sum over trained tokens of -sigmoid(k (r - 1)) A + kl_coef (r - 1 - log r) [+ beta k3(r_ref)], divided by
     the trained tokens and the accumulation steps; in dual mode the gate sees max(r, r_ref)."""
     from transformers import AutoModelForCausalLM
-    from trl.experimental.async_grpo.packing import TreeRow
-
-    from rgpo_trl.async_rgpo.trainer import VersionedCollator
 
     beta = 0.05 if mode == "dual" else 0.0
     args = config(tmp_path, ratio_mode=mode, beta=beta, gate_params={"k": 4.0}, kl_coef=0.3)
@@ -117,43 +105,15 @@ def test_loss_equals_the_closed_form_on_a_packed_batch(model_path, tmp_path, mod
             p.add_(0.05 * torch.randn(p.shape, generator=generator))
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps  # set by the training loop
-    plain = AutoModelForCausalLM.from_pretrained(model_path)
-    plain.load_state_dict(trainer.model.state_dict())
-    plain = plain.double()
-    rng = np.random.default_rng(0)
-    samples, row = [], TreeRow()
-    for i in range(4):
-        ids = [5, 9, 12] + rng.integers(3, 30, size=4 + i).tolist()
-        with torch.no_grad():
-            logits = plain(torch.tensor([ids])).logits[0]
-        logps = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
-        with torch.no_grad():
-            ref_logits = reference(torch.tensor([ids])).logits[0]
-        ref_logps = torch.log_softmax(ref_logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
-        old = np.concatenate([[0.0], logps.numpy() + rng.normal(0, 0.3, size=len(ids) - 1)]).astype(
-            np.float32
-        )
-        sample = {
-            "input_ids": np.array(ids),
-            "completion_mask": np.array([0] * 3 + [1] * (len(ids) - 3)),
-            "old_log_probs": old,
-            "advantage": float(rng.normal()),
-            "group_id": 0,
-            "metrics": {},
-            "model_version": 0,
-        }
-        samples.append((ref_logps, logps, sample))
-        row.add(sample)
-    batch = VersionedCollator(pad_token_id=0, num_processes=1).torch_call([[row]])
+    batch, samples = packed_batch(model_path, trainer, noise=0.3, reference=reference)
     loss = trainer.compute_loss(trainer.model, batch)
 
     total, n = 0.0, 0
     k = 4.0
-    for ref_logps, logps, sample in samples:
-        lp = logps[2:]  # trained tokens: positions 3..
+    for lp, sample, ref_lp in samples:  # log-probs of the trained tokens (positions 3..)
         old = torch.tensor(sample["old_log_probs"][3:], dtype=torch.float64)
         r = torch.exp(lp - old)
-        r_ref = torch.exp(lp - ref_logps[2:])
+        r_ref = torch.exp(lp - ref_lp)
         gated = torch.maximum(r, r_ref) if mode == "dual" else r
         g = 1 / (1 + torch.exp(-k * (gated - 1)))
         per_token = -g * sample["advantage"] + 0.3 * (r - 1 - torch.log(r))

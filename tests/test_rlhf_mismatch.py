@@ -59,13 +59,19 @@ def test_precheck_ladder_stops_at_the_first_rung_that_hurts():
     assert mm.precheck_tags(all_rungs) == ["fp32", "sigma1", "sigma2", "sigma4", "sigma8"]
 
 
-def test_precheck_reads_runs_and_decides(tmp_path):
+def _precheck_runs(tmp_path, golds_by_tag: dict[str, list[float]]):
+    """Finished pre-check runs of the ignore arm (test gold per seed, KL_ref 0.1) under tmp_path/rlhf."""
     results = tmp_path / "rlhf"
-    for tag, golds in {"fp32": [2.0, 2.1, 1.9], "sigma1": [1.0, 1.1, 0.9]}.items():
+    for tag, golds in golds_by_tag.items():
         for seed, g in zip(mm.PRECHECK_SEEDS, golds, strict=True):
             d = results / "v3" / "mismatch_precheck" / f"ignore__{tag}__s{seed}"
             d.mkdir(parents=True)
             (d / "heldout.json").write_text(json.dumps({"gold": g, "kl_ref": 0.1}))
+    return results
+
+
+def test_precheck_reads_runs_and_decides(tmp_path):
+    results = _precheck_runs(tmp_path, {"fp32": [2.0, 2.1, 1.9], "sigma1": [1.0, 1.1, 0.9]})
     r = mm.precheck(str(results), str(tmp_path / "out"))
     assert r["hurt_at"] == 1.0 and r["passed"] and r["complete"]
     assert json.loads((tmp_path / "out" / "precheck.json").read_text())["hurt_at"] == 1.0
@@ -100,12 +106,7 @@ def test_suites_follow_the_calibration_and_the_precheck(tmp_path, monkeypatch):
 
 
 def test_precheck_markdown_says_passed_failed_or_in_progress(tmp_path):
-    results = tmp_path / "rlhf"
-    for tag, golds in {"fp32": [2.0, 2.1, 1.9], "sigma1": [2.0, 2.1, 2.2]}.items():
-        for seed, g in zip(mm.PRECHECK_SEEDS, golds, strict=True):
-            d = results / "v3" / "mismatch_precheck" / f"ignore__{tag}__s{seed}"
-            d.mkdir(parents=True)
-            (d / "heldout.json").write_text(json.dumps({"gold": g, "kl_ref": 0.1}))
+    results = _precheck_runs(tmp_path, {"fp32": [2.0, 2.1, 1.9], "sigma1": [2.0, 2.1, 2.2]})
     r = mm.precheck(str(results), str(tmp_path / "out"))
     assert not r["complete"] and r["rungs"][-1] == {"sigma": 2.0, "state": "not run"}
     md = (tmp_path / "out" / "precheck.md").read_text()
