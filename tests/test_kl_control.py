@@ -2,16 +2,9 @@
 registry."""
 
 import pytest
+from _trainer_utils import paper_rule
 
 from rgpo_trl import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, make_kl_controller
-
-
-def _reference_rule(beta, kl, target=0.02, lo=0.01, hi=5.0):
-    if kl >= 1.5 * target:
-        return min(2 * beta, hi)
-    if kl <= target / 1.5:
-        return max(beta / 2, lo)
-    return beta
 
 
 def test_scripted_kl_sequence_follows_rule_and_bounds():
@@ -63,7 +56,7 @@ def test_scripted_kl_sequence_follows_rule_and_bounds():
     ]
     beta = 0.5
     for kl, exp in zip(script, expected, strict=True):
-        beta_ref = _reference_rule(beta, kl)
+        beta_ref = paper_rule(beta, kl)
         beta = ctl.update(kl)
         assert beta == pytest.approx(exp) == beta_ref
         assert ctl.kl_coef == beta

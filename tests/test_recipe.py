@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _trainer_utils import paper_rule
 from conftest import assets_cache_root
 
 from rgpo_trl.rlhf.arguments import HHScriptArguments, make_recipe_parser
@@ -288,7 +290,9 @@ def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
     assert seen == {"beta": 0.0, "args_beta": 0.0, "has_ref": True}
 
 
-def _launch_two_processes(config: str, out: Path, quick_assets, method: str = "rgpo") -> dict:
+def _launch_two_processes(
+    config: str, out: Path, quick_assets, method: str = "rgpo", iterations: int = 3
+) -> dict:
     cmd = [
         sys.executable,
         "-m",
@@ -298,7 +302,7 @@ def _launch_two_processes(config: str, out: Path, quick_assets, method: str = "r
         "--num_processes",
         "2",
         str(RECIPE),
-        *_tiny_argv(quick_assets, out, method),
+        *_tiny_argv(quick_assets, out, method, iterations=iterations),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
@@ -312,12 +316,22 @@ def _launch_two_processes(config: str, out: Path, quick_assets, method: str = "r
     "config", ["cpu_ddp_2proc.yaml", "cpu_deepspeed_zero2.yaml", "cpu_deepspeed_zero3.yaml"]
 )
 def test_two_process_runs_on_cpu(tmp_path, quick_assets, config, method):
+    """Two ranks train one model: RGPO's KL coefficient follows the paper's rule (written out here) from the
+    logged KL, gathered over both ranks (a controller fed one rank's KL drifts from it); PPO-RLHF's value
+    model trains; the held-out evaluation, single-process only, is skipped, not written half."""
     summary = _launch_two_processes(config, tmp_path, quick_assets, method)
-    assert summary["world_size"] == 2 and summary["rows_in_window"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert summary["world_size"] == 2 and sorted({r["iteration"] for r in rows}) == [1, 2, 3]
+    assert not (tmp_path / "heldout.json").exists()
     if method == "rgpo":
-        assert summary["kl_coef"] > 0
-    else:  # PPO-RLHF: its value model trained on both ranks
-        assert summary["value_loss"] > 0 and summary["score"] == summary["score"]
+        coef = {r["iteration"]: r["rgpo/kl_coef"] for r in rows if "rgpo/kl_coef" in r}
+        kl = {r["iteration"]: r["rgpo/kl_old_iteration"] for r in rows if "rgpo/kl_old_iteration" in r}
+        assert sorted(coef) == [1, 2, 3] and sorted(kl) == [1, 2, 3]
+        assert [coef[i + 1] for i in (1, 2)] == pytest.approx([paper_rule(coef[i], kl[i]) for i in (1, 2)])
+    else:  # PPO-RLHF: a value loss every optimizer step, and the value model moves between iterations
+        losses = [r["ppo/value_loss"] for r in rows if "ppo/value_loss" in r]
+        assert len(losses) == len(rows) and all(math.isfinite(v) and v > 0 for v in losses)
+        assert len(set(losses)) > 1 and math.isfinite(summary["score"])
 
 
 def test_dpo_baseline_trains_on_the_pairs_and_is_evaluated_like_the_online_methods(tmp_path, quick_assets):

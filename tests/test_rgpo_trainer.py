@@ -13,6 +13,7 @@ import torch
 from _trainer_utils import (
     attach_recorder,
     base_args,
+    paper_rule,
     tiny_dataset,
     tiny_tokenizer,
     vowel_reward,
@@ -266,14 +267,6 @@ def iteration_mean_kls(records, iteration_length) -> list[float]:
         sums[it] = sums.get(it, 0.0) + ((torch.exp(log_r) - 1 - log_r).double() * mask).sum().item()
         counts[it] = counts.get(it, 0.0) + mask.sum().item()
     return [sums[i] / counts[i] for i in sorted(sums)]
-
-
-def paper_rule(beta, mean_kl, target=0.02, lo=0.01, hi=5.0):
-    if mean_kl >= 1.5 * target:
-        return min(2 * beta, hi)
-    if mean_kl <= target / 1.5:
-        return max(beta / 2, lo)
-    return beta
 
 
 @pytest.mark.parametrize(

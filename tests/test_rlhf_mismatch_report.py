@@ -37,9 +37,9 @@ def _study(tmp_path, monkeypatch, gold, kl=None, skip=()):
             (d / "heldout.json").write_text(json.dumps({"gold": g, "kl_ref": k}))
             with open(d / "metrics.csv", "w", newline="") as f:
                 w = csv.writer(f)
-                w.writerow(["iteration", "rgpo/rejected_frac", "mismatch/outside_0.5_2"])
+                w.writerow(["iteration", "rgpo/rejected_frac", "mismatch/outside_0.5_2", "rewards/gold/mean"])
                 for it in (300, 350, 400):
-                    w.writerow([it, 0.1 if it > 304 else 9.0, 0.2])
+                    w.writerow([it, 0.1 if it > 304 else 9.0, 0.2, g + it / 1000])
     return str(results)
 
 
@@ -73,10 +73,41 @@ def test_tests_match_scipy_and_holm_and_matched_kl(tmp_path, monkeypatch):
     assert "**int8** (ignore is not hurt here: this cell cannot rank the corrections)" in md
     assert s["changes"]["ignore"]["sigma1.0"]["verdict"] == "lower"
     assert data["fp32"]["rgpo"][0]["window"]["rejected_frac"] == pytest.approx(0.1)  # window: steps 305-400
+    peer = s["cells"]["sigma1.0"]["best_peer"]  # read from rgpo's side: rgpo is lower than the best peer
+    expected = {
+        "tis": "lower (gold",
+        "icepop": "lower gold, the peer at a significantly higher KL_ref: undecided",
+    }
+    assert f"rgpo against the best peer ({peer}): {expected[peer]}" in md
+    gold_curve = dict(data["fp32"]["tis"][0]["curves"]["gold"])
+    assert gold_curve[400] - gold_curve[300] == pytest.approx(0.1)
+    assert rep._binned([(1, 1.0), (20, 3.0), (21, 5.0)]) == {20: 2.0, 40: 5.0}
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 0 and (tmp_path / "out" / "gate.png").exists()
 
 
 def test_partial_study_is_interim(tmp_path, monkeypatch):
     skip = {"rgpo_mu__rgpo__lag32__s5"}
     results = _study(tmp_path, monkeypatch, {}, skip=skip)
     md = rep.build(results, str(tmp_path / "out"))
-    assert "INTERIM" in md and "v3/mismatch_lag/rgpo_mu__rgpo__lag32__s5" in md
+    assert "INTERIM" in md and "| v3/mismatch_lag | lag32 | 1 | s5 |" in md
+    studies = json.loads((tmp_path / "out" / "studies.json").read_text())
+    assert studies["missing"] == ["v3/mismatch_lag/rgpo_mu__rgpo__lag32__s5"]
+
+
+def test_untested_hurt_is_not_called_not_hurt(tmp_path, monkeypatch):
+    """With one finished ignore run in a cell, whether ignore is hurt there is not tested, and the report
+    says so instead of "not hurt"."""
+    skip = {f"ignore__ignore__int8__s{seed}" for seed in (2, 3, 4, 5)}
+    results = _study(tmp_path, monkeypatch, {}, skip=skip)
+    md = rep.build(results, str(tmp_path / "out"))
+    hurt = json.loads((tmp_path / "out" / "studies.json").read_text())["hurt"]
+    assert hurt["int8"]["state"] == "not tested" and hurt["sigma0.5"]["state"] == "not hurt"
+    assert "**int8** (whether ignore is hurt is not tested yet" in md
+
+
+def test_best_peer_line_reads_from_rgpos_side():
+    row = {"gold_diff_vs_rgpo": 0.3, "n": 5, "p_holm": 0.01}
+    assert rep._against_peer({**row, "verdict": "higher"}).startswith("lower (gold -0.300, n = 5, Holm p = 0.010)")
+    assert rep._against_peer({**row, "verdict": "no significant difference"}).startswith("no significant")
+    undecided = rep._against_peer({**row, "verdict": "higher gold at a higher KL_ref: undecided"})
+    assert undecided.startswith("lower gold, the peer at a significantly higher KL_ref: undecided")
