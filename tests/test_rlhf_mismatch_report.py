@@ -107,7 +107,8 @@ def test_untested_hurt_is_not_called_not_hurt(tmp_path, monkeypatch):
 
 def test_best_peer_line_reads_from_rgpos_side():
     row = {"gold_diff_vs_rgpo": 0.3, "n": 5, "p_holm": 0.01}
-    assert rep._against_peer({**row, "verdict": "higher"}).startswith("lower (gold -0.300, n = 5, Holm p = 0.010)")
+    higher = rep._against_peer({**row, "verdict": "higher"})
+    assert higher.startswith("lower (gold -0.300, n = 5, Holm p = 0.010)")
     assert rep._against_peer({**row, "verdict": "no significant difference"}).startswith("no significant")
     undecided = rep._against_peer({**row, "verdict": "higher gold at a higher KL_ref: undecided"})
     assert undecided.startswith("lower gold, the peer at a significantly higher KL_ref: undecided")
