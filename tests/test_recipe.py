@@ -211,6 +211,29 @@ def test_bad_preset_trainer_or_world_is_refused_before_the_trainers_load(flags, 
     assert not loaded, loaded
 
 
+def test_the_script_imports_the_recipes_package_from_anywhere(tmp_path):
+    """Run as a script, where Python puts recipes/ first on sys.path, from another directory and without
+    PYTHONPATH (pytest's `pythonpath` does not reach a subprocess), the recipe imports the `recipes` package
+    of its checkout (recipes are not installed), and no sub-package of recipes/ under a second, top-level
+    name."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    config = str(ROOT / "recipes" / "configs" / "hh_rlhf_tiny.yaml")
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(RECIPE), "--config", config, "--world", "mars"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "world must be one of" in errors[0]
+    assert {"recipes", "recipes.hh_rlhf.parsing", "recipes.hh_common.hub_access"} <= imported
+    assert not imported & {"hh_rlhf", "hh_common", "tiny_hh", "hh_rlhf.parsing"}
+
+
 def _tiny_argv(assets, out, method, iterations=2, extra=()):
     """The tiny preset on exactly the fixture's assets (same cache root, quick variant)."""
     return [
