@@ -25,7 +25,7 @@ install: $(STAMP)
 # ~/.cache/rgpo_trl) if missing, then the HH-RLHF recipe with the tiny preset on one CPU process, one torch
 # thread (results/benchmarks/demo_timing.md: 47 s against 526 s with two threads on a loaded 2-core machine).
 demo: $(STAMP)
-	$(PYTHON) -m rgpo_trl.tiny_hh
+	$(PYTHON) -m recipes.tiny_hh
 	$(PYTHON) -m accelerate.commands.launch --config_file recipes/accelerate_configs/cpu.yaml \
 		--num_cpu_threads_per_process 1 recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_tiny.yaml $(DEMO_ARGS)
 

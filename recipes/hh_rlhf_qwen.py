@@ -12,17 +12,17 @@ Presets are YAML files in ``recipes/configs/`` passed with ``--config``, as for 
           recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_paper.yaml --method rgpo --seed 1
 
 * ``hh_rlhf_tiny.yaml``: the embedded offline default, the same recipe on CPU on the tiny-HH world
-  (``world: tiny``; ``tiny-hh/<asset>`` paths are built once and cached, see `rgpo_trl.tiny_hh`)::
+  (``world: tiny``; ``tiny-hh/<asset>`` paths are built once and cached, see `recipes.tiny_hh`)::
 
       accelerate launch --config_file recipes/accelerate_configs/cpu.yaml recipes/hh_rlhf_qwen.py \\
           --config recipes/configs/hh_rlhf_tiny.yaml
 
 * ``hh_rlhf_tiny_paper.yaml``: the paper's protocol (400 iterations) in the tiny world.
 
-``--method`` picks a registered method (`rgpo_trl.rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo,
-cispo, dpo, sft); it applies its loss settings over the preset. Precedence: field defaults < method < YAML <
-command line. Any RGPOConfig / GRPOConfig / ModelConfig field can be set. The default output directory is
-``runs/hh_rlhf_qwen/<preset>-<method>``. Per-iteration metrics go to ``<output_dir>/metrics.jsonl`` (and
+``--method`` picks a registered method (`recipes.hh_rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl,
+sapo, cispo, dpo, sft); it applies its loss settings over the preset. Precedence: field defaults < method <
+YAML < command line. Any RGPOConfig / GRPOConfig / ModelConfig field can be set. The default output directory
+is ``runs/hh_rlhf_qwen/<preset>-<method>``. Per-iteration metrics go to ``<output_dir>/metrics.jsonl`` (and
 ``metrics.csv``), the window averages the paper reports to ``summary.json``. The console shows a progress bar
 and a compact table every ``table_every`` iterations; ``--log_level info`` prints TRL's per-step metric dicts
 too. It ends like TRL's ``grpo.py``: the model and its card (``README.md``, tagged ``rgpo``) in
@@ -37,11 +37,19 @@ import os
 import sys
 from pathlib import Path
 
-from rgpo_trl.cli import UsageError, plain_output_when_piped, quiet_cpu_libraries, run_main
-from rgpo_trl.rlhf.arguments import HHScriptArguments
-from rgpo_trl.rlhf.hub_access import HubUnavailableError
-from rgpo_trl.rlhf.parsing import parse_recipe_args
-from rgpo_trl.rlhf.runtime import (
+# Run as a script (``python`` or ``accelerate launch recipes/hh_rlhf_qwen.py``), Python puts recipes/ first on
+# sys.path, not the checkout root the `recipes` package is imported from: that entry becomes the root, so the
+# script sees the modules `python -m` from the root would (this checkout's `recipes` and `rgpo_trl`, which go
+# together) and no sub-package of recipes/ under a second, top-level name (``tiny_hh`` beside
+# ``recipes.tiny_hh``). Imported (tests), the module leaves sys.path alone.
+ROOT = Path(__file__).resolve().parent.parent
+if sys.path and Path(sys.path[0] or ".").resolve() == ROOT / "recipes":
+    sys.path[0] = str(ROOT)
+
+from recipes.hh_common.hub_access import HubUnavailableError  # noqa: E402
+from recipes.hh_rlhf.arguments import HHScriptArguments  # noqa: E402
+from recipes.hh_rlhf.parsing import parse_recipe_args  # noqa: E402
+from recipes.hh_rlhf.runtime import (  # noqa: E402
     finish,
     init_distributed_for_cpu_deepspeed,
     model_init_kwargs,
@@ -49,7 +57,8 @@ from rgpo_trl.rlhf.runtime import (
     setup_logging,
     verbose_console,
 )
-from rgpo_trl.rlhf.worlds import gold_function, resolve_tiny_assets, training_rewards
+from recipes.hh_rlhf.worlds import gold_function, resolve_tiny_assets, training_rewards  # noqa: E402
+from rgpo_trl.cli import UsageError, plain_output_when_piped, quiet_cpu_libraries, run_main  # noqa: E402
 
 logger = logging.getLogger("rgpo_trl.recipe")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -64,18 +73,18 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     from accelerate import PartialState
     from transformers import AutoTokenizer
 
-    from rgpo_trl.rlhf.input_checks import checkpoint_load_errors
-    from rgpo_trl.rlhf.methods import get_rlhf_method, make_trainer
-    from rgpo_trl.rlhf.metrics_log import IterationMetricsWriter, quiet_console
-    from rgpo_trl.rlhf.offline import run_offline
-    from rgpo_trl.rlhf.prompt_splits import training_prompts
-    from rgpo_trl.rlhf.recipe_evaluation import (
+    from recipes.hh_common.rewards import load_pairwise_reward
+    from recipes.hh_rlhf.input_checks import checkpoint_load_errors
+    from recipes.hh_rlhf.methods import get_rlhf_method, make_trainer
+    from recipes.hh_rlhf.metrics_log import IterationMetricsWriter, quiet_console
+    from recipes.hh_rlhf.offline import run_offline
+    from recipes.hh_rlhf.prompt_splits import training_prompts
+    from recipes.hh_rlhf.recipe_evaluation import (
         RunEvaluation,
         heldout_after_training,
         sampling_settings,
         summary_window,
     )
-    from rgpo_trl.rlhf.rewards import load_pairwise_reward
     from rgpo_trl.trainer import optimizer_steps_per_iteration
 
     resolve_tiny_assets(script_args, model_args)
@@ -109,7 +118,7 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
 
     if script_args.trainer == "async":
         # imported here: TRL's asynchronous trainer (trl.experimental) is loaded for --trainer async only
-        from rgpo_trl.rlhf.async_methods import build_async_trainer
+        from recipes.hh_rlhf.async_methods import build_async_trainer
 
         method, trainer = build_async_trainer(
             script_args, training_args, model_args, tokenizer, dataset, reward_funcs, reward_weights

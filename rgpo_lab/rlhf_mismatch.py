@@ -26,7 +26,7 @@ LR = "5e-5"  # v3's rate selected by RGPO and CISPO (results/rlhf/v3/tune/select
 STEPS, WINDOW_START = 400, 304
 SEEDS = (1, 2, 3, 4, 5)
 PRECHECK_SEEDS = (1, 2, 3)
-# the arms: label -> async method of the recipe (rgpo_trl.rlhf.async_methods); rgpo_dual is the recipe's
+# the arms: label -> async method of the recipe (recipes.hh_rlhf.async_methods); rgpo_dual is the recipe's
 # async ``rgpo`` (dual gate, beta_ref 0.05), the one arm with a reference
 ARMS = {
     "ignore": "ignore",
@@ -170,8 +170,8 @@ def calibrate(steps: int = 8, out: str = OUT) -> dict:
     whether bf16 is a cell."""
     from transformers import AutoTokenizer
 
-    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
-    from rgpo_trl.tiny_hh.build import build_tiny_assets
+    from recipes.hh_common.hh_data import load_hh_helpful_prompts
+    from recipes.tiny_hh.build import build_tiny_assets
 
     assets = build_tiny_assets(None, version=3)
     tok = AutoTokenizer.from_pretrained(str(assets.policy_dir))

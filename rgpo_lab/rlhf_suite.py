@@ -82,7 +82,7 @@ FRONTIER_BETAS = {
     "ppo": ("0.01", "0.2"),
     "sapo": ("0.01", "0.2"),
 }
-FRONTIER_BASE = "0.05"  # the methods' default beta_ref (rgpo_trl.rlhf.methods): the final suite's runs
+FRONTIER_BASE = "0.05"  # the methods' default beta_ref (recipes.hh_rlhf.methods): the final suite's runs
 REUSE = {m: ("1", "4", "8") for m in ("rgpo", "rgpo_old", "grpo", "ppo_clip_kl")}
 REUSE_BASE = "2"  # the preset's num_iterations: the final suite's runs
 

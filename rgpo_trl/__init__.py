@@ -1,8 +1,8 @@
 """rgpo-trl: Rejection-Gated Policy Optimization.
 
-The core math (gates, loss, adaptive KL controller) is torch-only and imported eagerly. The TRL
-trainer and its config are exported lazily, the way TRL exports its own trainers, so that
-``import rgpo_trl`` does not import trl / transformers (the MuJoCo scripts rely on that).
+The core math (gates, loss, adaptive KL controller) is torch-only and imported eagerly. The TRL trainers,
+their configs and the trainer monitors (`rgpo_trl.monitors`) are exported lazily, the way TRL exports its own
+trainers, so that ``import rgpo_trl`` does not import trl / transformers (the MuJoCo scripts rely on that).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "AsyncRGPOConfig": "rgpo_trl.async_rgpo",
     "AsyncRGPOTrainer": "rgpo_trl.async_rgpo",
+    "BehaviourRatioMonitor": "rgpo_trl.monitors",
+    "ReferenceKLMonitor": "rgpo_trl.monitors",
     "RGPOConfig": "rgpo_trl.trainer",
     "RGPOTrainer": "rgpo_trl.trainer",
     "PPORLHFConfig": "rgpo_trl.trainer",
@@ -26,6 +28,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from .async_rgpo import AsyncRGPOConfig, AsyncRGPOTrainer
+    from .monitors import BehaviourRatioMonitor, ReferenceKLMonitor
     from .trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
 
 
@@ -39,8 +42,10 @@ __all__ = [
     *_core_all,
     "AsyncRGPOConfig",
     "AsyncRGPOTrainer",
+    "BehaviourRatioMonitor",
     "PPORLHFConfig",
     "PPORLHFTrainer",
     "RGPOConfig",
     "RGPOTrainer",
+    "ReferenceKLMonitor",
 ]

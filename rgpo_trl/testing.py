@@ -1,7 +1,7 @@
 """A tiny offline trainer setup for tests, benchmarks and examples: a character-level tokenizer, a 2-layer
 Qwen2 policy built from a config, a prompt dataset, a cheap reward and RGPOConfig/GRPOConfig arguments.
-Nothing touches the hub. (The tiny-HH world in `rgpo_trl.tiny_hh` is the realistic offline default; this is
-the smallest thing a trainer step can run on.)"""
+Nothing touches the hub. (The HH-RLHF recipe's tiny-HH world, `recipes.tiny_hh` in a checkout, is the
+realistic offline default; this is the smallest thing a trainer step can run on.)"""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def model_path(tmp_path_factory):
 def quick_assets(tmp_path_factory):
     """The small tiny-HH assets, built once per machine into the cache like the demo's
     (``RGPO_TRL_TEST_FRESH_BUILD=1``: into a temporary directory instead)."""
-    from rgpo_trl.tiny_hh import build_tiny_assets
+    from recipes.tiny_hh import build_tiny_assets
 
     cache = tmp_path_factory.mktemp("rgpo_cache") if os.environ.get("RGPO_TRL_TEST_FRESH_BUILD") else None
     return build_tiny_assets(cache, quick=True, num_threads=1, verbose=False)

@@ -188,8 +188,8 @@ def test_recipe_checkpoint_that_fails_to_load_names_its_weights(recipe_checkpoin
     the folder's weight files instead."""
     import importlib.util
 
+    from recipes.hh_rlhf.parsing import parse_recipe_args
     from rgpo_trl.cli import UsageError
-    from rgpo_trl.rlhf.parsing import parse_recipe_args
 
     checkpoint, argv = recipe_checkpoint
     copy = tmp_path / "checkpoint-2"
@@ -220,7 +220,7 @@ def _evaluation(reward, gold, kl_ref=0.0, k=2):
 
 
 def test_comparison_table_says_what_happened_with_a_paired_standard_error():
-    from rgpo_trl.rlhf.evaluation import comparison_table, paired_standard_error
+    from recipes.hh_rlhf.evaluation import comparison_table, paired_standard_error
 
     rng = np.random.default_rng(0)
     base_r, base_g = rng.normal(0, 1, 128), rng.normal(1, 1, 128)

@@ -29,7 +29,7 @@ def test_page_code_blocks_run(page, tmp_path, monkeypatch):
     if not runnable:
         pytest.skip("every block on this page is marked: " + "; ".join(w for _, w in blocks(page) if w))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [os.path.join(ROOT, "recipes"), *sys.path])
+    monkeypatch.setattr(sys, "path", [ROOT, *sys.path])  # as in the checkout's root: `recipes` imports
     namespace: dict = {"__name__": f"docs_{page}"}
     for code in runnable:
         exec(compile(code, page, "exec"), namespace)  # noqa: S102

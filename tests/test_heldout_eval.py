@@ -1,4 +1,4 @@
-"""The held-out evaluation every RLHF method shares (rgpo_trl.rlhf.evaluation), on the quick tiny-HH
+"""The held-out evaluation every RLHF method shares (recipes.hh_rlhf.evaluation), on the quick tiny-HH
 assets."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rgpo_trl.rlhf.evaluation import evaluate_policy
-from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
+from recipes.hh_common.hh_data import load_hh_helpful_prompts
+from recipes.hh_rlhf.evaluation import evaluate_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rgpo_trl.rlhf.hh_data import (
+from recipes.hh_common.hh_data import (
     HHFormatError,
     hh_rows_to_prompts,
     hh_text_to_prompt,
@@ -21,7 +21,7 @@ from rgpo_trl.rlhf.hh_data import (
     parse_hh_dialogue,
     render_hh_text,
 )
-from rgpo_trl.rlhf.hub_access import HubUnavailableError, ensure_loadable
+from recipes.hh_common.hub_access import HubUnavailableError, ensure_loadable
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hh_rlhf_sample.jsonl"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +132,7 @@ def test_parser_details():
 
 
 def _fixture_tokenizer():
-    from rgpo_trl.tiny_hh.tokenizers import make_policy_tokenizer, train_bpe
+    from recipes.tiny_hh.tokenizers import make_policy_tokenizer, train_bpe
 
     texts = [json.loads(line).get("chosen") or "" for line in FIXTURE.read_text().splitlines()]
     return make_policy_tokenizer(train_bpe(texts * 3, vocab_size=400))
@@ -198,7 +198,7 @@ def test_offline_env_in_fresh_process_no_hang():
     """HF_HUB_OFFLINE=1 set before import (as a user would), uncached model id: error, well before a
     timeout."""
     code = (
-        "from rgpo_trl.rlhf.hub_access import ensure_loadable, HubUnavailableError\n"
+        "from recipes.hh_common.hub_access import ensure_loadable, HubUnavailableError\n"
         "try:\n    ensure_loadable('Qwen/Qwen2.5-1.5B-Instruct', kind='model')\n"
         "except HubUnavailableError as e:\n    print('ERR:', e)\n"
     )

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from rgpo_trl.rlhf.json_io import dump, dumps, finite_or_null
-from rgpo_trl.rlhf.methods import get_rlhf_method
-from rgpo_trl.rlhf.metrics_log import (
+from recipes.hh_rlhf.json_io import dump, dumps, finite_or_null
+from recipes.hh_rlhf.methods import get_rlhf_method
+from recipes.hh_rlhf.metrics_log import (
     GOLD_MISSING,
     NO_GOLD_LOGGED,
     NO_GOLD_SCORED,
@@ -128,7 +128,7 @@ def test_async_recipe_run_writes_valid_json_and_explains_every_missing_gold(tmp_
 
     from conftest import assets_cache_root
 
-    from rgpo_trl.rlhf.parsing import parse_recipe_args
+    from recipes.hh_rlhf.parsing import parse_recipe_args
 
     spec = importlib.util.spec_from_file_location("hh_rlhf_qwen", ROOT / "recipes" / "hh_rlhf_qwen.py")
     recipe = importlib.util.module_from_spec(spec)

@@ -16,10 +16,10 @@ import yaml
 from _trainer_utils import paper_rule
 from conftest import assets_cache_root
 
-from rgpo_trl.rlhf.arguments import HHScriptArguments, make_recipe_parser
-from rgpo_trl.rlhf.parsing import parse_recipe_args
-from rgpo_trl.rlhf.prompt_splits import split_validation
-from rgpo_trl.rlhf.worlds import resolve_tiny_assets
+from recipes.hh_rlhf.arguments import HHScriptArguments, make_recipe_parser
+from recipes.hh_rlhf.parsing import parse_recipe_args
+from recipes.hh_rlhf.prompt_splits import split_validation
+from recipes.hh_rlhf.worlds import resolve_tiny_assets
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "hh_rlhf_qwen.py"
@@ -201,16 +201,39 @@ def test_bad_preset_trainer_or_world_is_refused_before_the_trainers_load(flags, 
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
-    assert "rgpo_trl.rlhf.parsing" in imported  # the listing works
+    assert "recipes.hh_rlhf.parsing" in imported  # the listing works
     loaded = imported & {
         "transformers.trainer",
         "trl.trainer.grpo_trainer",
         "rgpo_trl.trainer",
-        "rgpo_trl.rlhf.methods",
-        "rgpo_trl.rlhf.reference_kl",
-        "rgpo_trl.rlhf.metrics_log",
+        "recipes.hh_rlhf.methods",
+        "rgpo_trl.monitors.reference_kl",
+        "recipes.hh_rlhf.metrics_log",
     }
     assert not loaded, loaded
+
+
+def test_the_script_imports_the_recipes_package_from_anywhere(tmp_path):
+    """Run as a script, where Python puts recipes/ first on sys.path, from another directory and without
+    PYTHONPATH (pytest's `pythonpath` does not reach a subprocess), the recipe imports the `recipes` package
+    of its checkout (recipes are not installed), and no sub-package of recipes/ under a second, top-level
+    name."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    config = str(ROOT / "recipes" / "configs" / "hh_rlhf_tiny.yaml")
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(RECIPE), "--config", config, "--world", "mars"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "world must be one of" in errors[0]
+    assert {"recipes", "recipes.hh_rlhf.parsing", "recipes.hh_common.hub_access"} <= imported
+    assert not imported & {"hh_rlhf", "hh_common", "tiny_hh", "hh_rlhf.parsing"}
 
 
 def _tiny_argv(assets, out, method, iterations=2, extra=()):
@@ -273,7 +296,7 @@ def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method, caps
 
 def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
     """The reference model exists only for the KL_ref metric: GRPO's loss keeps beta = 0."""
-    import rgpo_trl.rlhf.methods as methods
+    import recipes.hh_rlhf.methods as methods
 
     seen = {}
     original = methods.GRPOMonitoredTrainer.train
@@ -352,10 +375,10 @@ def test_sft_baseline_is_the_initial_policy_through_the_same_evaluation(tmp_path
     code called directly on the initial policy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rgpo_trl.rlhf.evaluation import evaluate_policy
-    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
-    from rgpo_trl.rlhf.rewards import load_pairwise_reward
-    from rgpo_trl.tiny_hh import gold_reward_func_v3
+    from recipes.hh_common.hh_data import load_hh_helpful_prompts
+    from recipes.hh_common.rewards import load_pairwise_reward
+    from recipes.hh_rlhf.evaluation import evaluate_policy
+    from recipes.tiny_hh import gold_reward_func_v3
 
     summary = _run_recipe(
         _tiny_argv(quick_assets, tmp_path, "sft", iterations=2, extra=("--train_eval_prompts", "6"))
@@ -433,8 +456,8 @@ def test_v3_validation_prompts_come_from_their_own_split(tmp_path, quick_assets)
     logged is v3's."""
     from transformers import AutoTokenizer
 
-    from rgpo_trl.rlhf.hh_data import load_hh_helpful_prompts
-    from rgpo_trl.tiny_hh import gold_for, gold_score_v3
+    from recipes.hh_common.hh_data import load_hh_helpful_prompts
+    from recipes.tiny_hh import gold_for, gold_score_v3
 
     argv = _tiny_argv(quick_assets, tmp_path, "rgpo") + [
         "--validation_dataset_name",

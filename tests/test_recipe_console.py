@@ -10,10 +10,10 @@ import re
 import pytest
 from transformers import TrainerControl, TrainerState
 
+from recipes.hh_rlhf.methods import get_rlhf_method
+from recipes.hh_rlhf.metrics_log import IterationMetricsWriter, trust_region_sentence
+from recipes.hh_rlhf.recipe_evaluation import EvaluationProgress, heldout_line
 from rgpo_trl.async_rgpo import AsyncRGPOConfig
-from rgpo_trl.rlhf.methods import get_rlhf_method
-from rgpo_trl.rlhf.metrics_log import IterationMetricsWriter, trust_region_sentence
-from rgpo_trl.rlhf.recipe_evaluation import EvaluationProgress, heldout_line
 from rgpo_trl.trainer import RGPOConfig
 
 RGPO_COLUMNS = get_rlhf_method("rgpo").metric_columns
@@ -103,7 +103,7 @@ def test_sentence_of_a_run_whose_trust_region_acted(tmp_path):
 def test_sentence_for_the_asynchronous_trainer_and_methods_without_a_trust_region(tmp_path):
     """The asynchronous trainer's pi_old is the sampler's policy and its reason is the samples' lag; GRPO
     logs no KLhat_old or coefficient, so it gets no sentence."""
-    from rgpo_trl.rlhf.async_methods import ASYNC_METHODS
+    from recipes.hh_rlhf.async_methods import ASYNC_METHODS
 
     args = AsyncRGPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_staleness=4)
     rows = [

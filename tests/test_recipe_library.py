@@ -1,4 +1,4 @@
-"""The HH-RLHF recipe's library pieces (rgpo_trl.rlhf: arguments, parsing, worlds, prompt_splits,
+"""The HH-RLHF recipe's library pieces (recipes.hh_rlhf: arguments, parsing, worlds, prompt_splits,
 recipe_evaluation, runtime), without training: what they decide from the arguments."""
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ from types import SimpleNamespace
 import pytest
 from datasets import Dataset
 
-from rgpo_trl.cli import UsageError
-from rgpo_trl.rlhf.arguments import (
+from recipes.hh_rlhf.arguments import (
     HHScriptArguments,
     PresetGeneration,
     make_recipe_parser,
     model_config_without,
 )
-from rgpo_trl.rlhf.parsing import (
+from recipes.hh_rlhf.parsing import (
     EarlySettings,
     check_hub_ids,
     config_name,
@@ -26,17 +25,18 @@ from rgpo_trl.rlhf.parsing import (
     preset_generation,
     read_early_settings,
 )
-from rgpo_trl.rlhf.prompt_splits import split_validation
-from rgpo_trl.rlhf.recipe_evaluation import RunEvaluation, sampling_settings, summary_window
-from rgpo_trl.rlhf.runtime import init_distributed_for_cpu_deepspeed, model_init_kwargs, verbose_console
-from rgpo_trl.rlhf.worlds import (
+from recipes.hh_rlhf.prompt_splits import split_validation
+from recipes.hh_rlhf.recipe_evaluation import RunEvaluation, sampling_settings, summary_window
+from recipes.hh_rlhf.runtime import init_distributed_for_cpu_deepspeed, model_init_kwargs, verbose_console
+from recipes.hh_rlhf.worlds import (
     WORLDS,
     gold_function,
     resolve_tiny_assets,
     training_rewards,
     unknown_tiny_asset,
 )
-from rgpo_trl.tiny_hh import gold_reward_func, gold_reward_func_v3
+from recipes.tiny_hh import gold_reward_func, gold_reward_func_v3
+from rgpo_trl.cli import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "configs" / "hh_rlhf_tiny.yaml")
@@ -252,7 +252,7 @@ def hub_checks(monkeypatch):
     """The (id, kind) pairs `parse_recipe_args` checks on the hub, recorded instead of checked."""
     checked = []
     monkeypatch.setattr(
-        "rgpo_trl.rlhf.parsing.ensure_loadable", lambda name, kind: checked.append((name, kind))
+        "recipes.hh_rlhf.parsing.ensure_loadable", lambda name, kind: checked.append((name, kind))
     )
     return checked
 
@@ -311,8 +311,8 @@ def test_any_abbreviated_option_is_refused_naming_the_option(flags, meant):
 def test_no_option_of_any_methods_parser_abbreviates_an_early_setting():
     """The early read refuses an option that abbreviates one of its six settings without knowing the method's
     parser: right only while no option of any method's parser is such a prefix."""
-    from rgpo_trl.rlhf.async_methods import ASYNC_METHODS
-    from rgpo_trl.rlhf.methods import RLHF_METHODS
+    from recipes.hh_rlhf.async_methods import ASYNC_METHODS
+    from recipes.hh_rlhf.methods import RLHF_METHODS
 
     parsers = [make_recipe_parser(m.config_class) for m in RLHF_METHODS.values()]
     parsers += [

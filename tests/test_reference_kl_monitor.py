@@ -1,9 +1,9 @@
-"""`ReferenceKLMonitor` (rgpo_trl.rlhf.reference_kl): for a method trained with beta = 0 (GRPO) it builds the
-reference as GRPOTrainer does for beta != 0 and computes the reference log-probs itself, with GRPOTrainer's
-reference forward, instead of lending the trainer a beta. These tests pin the TRL lines the monitor follows,
-and check on a tiny policy (full, LoRA, and a model passed with a pre-trained adapter) that the trainer and
-its config keep beta = 0 from construction on, that the monitor leaves the trainer's state alone, and that it
-logs the k3 KL(pi_old || pi_ref) of an independent computation."""
+"""`ReferenceKLMonitor` (rgpo_trl.monitors.reference_kl): for a method trained with beta = 0 (GRPO) it builds
+the reference as GRPOTrainer does for beta != 0 and computes the reference log-probs itself, with
+GRPOTrainer's reference forward, instead of lending the trainer a beta. These tests pin the TRL lines the
+monitor follows, and check on a tiny policy (full, LoRA, and a model passed with a pre-trained adapter) that
+the trainer and its config keep beta = 0 from construction on, that the monitor leaves the trainer's state
+alone, and that it logs the k3 KL(pi_old || pi_ref) of an independent computation."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from _trainer_utils import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from rgpo_trl.rlhf.methods import GRPOMonitoredTrainer
-from rgpo_trl.rlhf.reference_kl import ReferenceKLMonitor, _given_arguments
+from recipes.hh_rlhf.methods import GRPOMonitoredTrainer
+from rgpo_trl.monitors.reference_kl import ReferenceKLMonitor, _given_arguments
 from rgpo_trl.trainer import PPORLHFTrainer
 from rgpo_trl.trainer.trl_version import source_segment_digest
 

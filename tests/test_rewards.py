@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from rgpo_trl.rlhf.hub_access import HubUnavailableError
-from rgpo_trl.rlhf.rewards import PairwiseRewardModel
+from recipes.hh_common.hub_access import HubUnavailableError
+from recipes.hh_common.rewards import PairwiseRewardModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -44,7 +44,7 @@ def tiny_rm_dir(tmp_path_factory):
     function that dropped the pair's token_type_ids would give different scores than the manual reference."""
     from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
 
-    from rgpo_trl.tiny_hh.tokenizers import make_rm_tokenizer, train_bpe
+    from recipes.tiny_hh.tokenizers import make_rm_tokenizer, train_bpe
 
     bpe = train_bpe(QUESTIONS + ANSWERS, vocab_size=300)
     tok = make_rm_tokenizer(bpe, max_length=128)

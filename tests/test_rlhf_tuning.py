@@ -17,7 +17,7 @@ def _prompts(texts):
 
 
 def test_hold_out_validation_removes_every_copy_of_a_validation_prompt():
-    from rgpo_trl.rlhf.hh_data import hold_out_validation
+    from recipes.hh_common.hh_data import hold_out_validation
 
     train, validation = hold_out_validation(_prompts(["a", "b", "c", "b", "d", "e"]), 2)
     assert [p[0]["content"] for p in validation["prompt"]] == ["d", "e"]
@@ -29,7 +29,7 @@ def test_hold_out_validation_removes_every_copy_of_a_validation_prompt():
 
 
 def test_window_evaluation_rows_resume_and_summary(tmp_path):
-    from rgpo_trl.rlhf.evaluation import WindowEvaluation
+    from recipes.hh_rlhf.evaluation import WindowEvaluation
 
     seen = []
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import assets_cache_root
 
-from rgpo_trl import tiny_hh
-from rgpo_trl.rlhf.hh_data import hh_text_to_prompt, load_hh_helpful_prompts, parse_hh_dialogue
-from rgpo_trl.tiny_hh import (
+from recipes import tiny_hh
+from recipes.hh_common.hh_data import hh_text_to_prompt, load_hh_helpful_prompts, parse_hh_dialogue
+from recipes.tiny_hh import (
     BUILDER_VERSION,
     assets_dir,
     build_tiny_assets,
@@ -26,8 +26,8 @@ from rgpo_trl.tiny_hh import (
     gold_score,
     write_jsonl,
 )
-from rgpo_trl.tiny_hh import dialogues as tiny_dialogues
-from rgpo_trl.tiny_hh.__main__ import main as tiny_main
+from recipes.tiny_hh import responses as tiny_responses
+from recipes.tiny_hh.__main__ import main as tiny_main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -71,7 +71,7 @@ def test_gold_rule_components_by_hand():
 
 def test_good_responses_are_ideal_for_every_item():
     rng = random.Random(0)
-    for topic, subject, parts in tiny_dialogues._items():
+    for topic, subject, parts in tiny_responses._items():
         r = tiny_hh.make_response("good", topic, parts, rng)
         c = gold_components(f"How do I {subject}?", r)
         assert c["answers"] == 1.0 and c["on_topic"] == 1.0, (subject, r)
@@ -151,7 +151,7 @@ def test_hh_loader_reads_tiny_data(quick_assets):
 
 
 def test_reward_model_reload_and_heldout_accuracy(quick_assets):
-    """Independent of rgpo_trl.rlhf.rewards: Auto classes + the model-card pair encoding."""
+    """Independent of recipes.hh_common.rewards: Auto classes + the model-card pair encoding."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(quick_assets.reward_model_dir)
@@ -171,7 +171,7 @@ def test_reward_model_reload_and_heldout_accuracy(quick_assets):
     acc = correct / len(rows)
     assert acc >= 0.7, acc  # chance is 0.5
 
-    from rgpo_trl.rlhf.rewards import PairwiseRewardModel
+    from recipes.hh_common.rewards import PairwiseRewardModel
 
     rm = PairwiseRewardModel(str(quick_assets.reward_model_dir), batch_size=8)
     r0 = rows[0]
@@ -210,7 +210,7 @@ def test_policy_generates_with_chat_template(quick_assets):
 def test_gold_reward_func_is_a_trl_reward_func():
     from trl.trainer.utils import get_callable_name
 
-    from rgpo_trl.tiny_hh import gold_reward_func
+    from recipes.tiny_hh import gold_reward_func
 
     prompts = [[{"role": "user", "content": "How do I boil an egg?"}]] * 2
     comps = [
@@ -242,7 +242,7 @@ def test_cli_prints_paths_and_build_info(quick_assets, capsys, flag):
 def test_cli_after_a_build_prints_one_line_with_the_build_time(quick_assets, capsys, monkeypatch):
     """A build (stood in for by the cached quick assets, reported as not built yet) ends with one line: where
     the assets are and the build's own time from build_info, not the 80-line manifest (issue 49)."""
-    from rgpo_trl.tiny_hh import build
+    from recipes.tiny_hh import build
 
     monkeypatch.setattr(build.TinyAssets, "built", lambda self, version, seed: False)
     monkeypatch.setattr(build, "build_tiny_assets", lambda *args, **kwargs: quick_assets)
@@ -274,8 +274,8 @@ def test_grpo_trainer_step_with_pairwise_reward_and_gold_metric(quick_assets, tm
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from rgpo_trl.rlhf.rewards import PairwiseRewardModel
-    from rgpo_trl.tiny_hh import gold_reward_func
+    from recipes.hh_common.rewards import PairwiseRewardModel
+    from recipes.tiny_hh import gold_reward_func
 
     tok = AutoTokenizer.from_pretrained(quick_assets.policy_dir)
     ds, _ = load_hh_helpful_prompts(

@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
-from rgpo_trl.tiny_hh import (
+from recipes.hh_common.hh_data import hh_text_to_prompt
+from recipes.tiny_hh import (
     RESPONSE_KINDS,
     generate_dialogues,
     gold_score,
@@ -20,8 +20,8 @@ from rgpo_trl.tiny_hh import (
     normalise_question,
     well_formedness,
 )
-from rgpo_trl.tiny_hh.dialogues import _items
-from rgpo_trl.tiny_hh.splits import HELD_OUT_FORMS, SPLITS, combinations
+from recipes.tiny_hh.responses import _items
+from recipes.tiny_hh.splits import HELD_OUT_FORMS, SPLITS, combinations
 
 
 def _user_questions(rows, last_only: bool) -> set[str]:

@@ -4,19 +4,14 @@ an off-policy correction, a staleness bound and, on a CPU, the in-process sample
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..trainer.model_card import loss_settings, optimisation_settings
 from .worker import InProcessRolloutWorker
 
-if TYPE_CHECKING:
-    from .trainer import AsyncRGPOTrainer
 
-
-def async_training_settings(trainer: AsyncRGPOTrainer) -> list[str]:
-    """The run's settings as markdown list items: the off-policy correction (with the RGPO gate and KL lines
-    only when it is ``rgpo``, the only one that reads them), staleness and weight sync, the in-process
-    sampler's settings when it sampled, and the optimisation."""
+def async_training_settings(trainer) -> list[str]:
+    """The settings of an `AsyncRGPOTrainer`'s run as markdown list items: the off-policy correction (with the
+    RGPO gate and KL lines only when it is ``rgpo``, the only one that reads them), staleness and weight sync,
+    the in-process sampler's settings when it sampled, and the optimisation."""
     args = trainer.args
     params = ", ".join(f"{k}={v:g}" for k, v in trainer.correction.params.items())
     lines = [

@@ -14,16 +14,11 @@ from __future__ import annotations
 import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import is_wandb_available
 from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get_trackio_space_url
-
-if TYPE_CHECKING:
-    from ..async_rgpo.trainer import AsyncRGPOTrainer
-    from .trainer import RGPOTrainer
 
 HUB = "https://huggingface.co"
 RATIO_MODE_WORDS = {
@@ -107,9 +102,9 @@ def optimisation_settings(trainer, reuse: str) -> list[str]:
     ]
 
 
-def training_settings(trainer: RGPOTrainer) -> list[str]:
-    """The settings of the run as markdown list items: the RGPO loss (gate, ratio mode, both KL terms), GRPO's
-    options it uses, and the optimisation (learning rate, steps, batch)."""
+def training_settings(trainer) -> list[str]:
+    """The settings of an `RGPOTrainer`'s run as markdown list items: the RGPO loss (gate, ratio mode, both KL
+    terms), GRPO's options it uses, and the optimisation (learning rate, steps, batch)."""
     args, state = trainer.args, trainer.state
     lines = loss_settings(trainer, "π_old", "once per iteration")
     lines.append(
@@ -128,14 +123,16 @@ def training_settings(trainer: RGPOTrainer) -> list[str]:
 
 
 def build_model_card(
-    trainer: RGPOTrainer | AsyncRGPOTrainer,
+    trainer,
     model_name: str | None = None,
     dataset_name: str | None = None,
     tags: str | list[str] | None = None,
     settings: list[str] | None = None,
 ) -> ModelCard:
-    """The card for ``trainer``'s model (the arguments as `trl.GRPOTrainer.create_model_card` takes them);
-    ``settings``: its "Training procedure" list, default `training_settings` (RGPOTrainer's)."""
+    """The card for the model of ``trainer``, an `RGPOTrainer` or `AsyncRGPOTrainer` (untyped, like
+    `loss_settings`'s: both trainers import this module, which imports neither), with the arguments
+    `trl.GRPOTrainer.create_model_card` takes; ``settings``: its "Training procedure" list, default
+    `training_settings` (RGPOTrainer's)."""
     args = trainer.args
     output_name = Path(args.output_dir).resolve().name
     hub_model_id = trainer.hub_model_id  # set once the run has a hub repository (push_to_hub)

@@ -31,7 +31,7 @@ class HHScriptArguments(ScriptArguments):
             "help": "Policy loss, a registered RLHF method: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl, sapo, "
             "cispo, dpo, or sft (no training: the initial policy through the same evaluation); with "
             "--trainer async also the off-policy corrections ignore, ppo_clip, tis, icepop, seq_mask, "
-            "rgpo_mu, rgpo_gate (rgpo_trl.rlhf.async_methods)."
+            "rgpo_mu, rgpo_gate (recipes.hh_rlhf.async_methods)."
         },
     )
     trainer: str = field(
@@ -252,7 +252,7 @@ def make_recipe_parser(
 ) -> RecipeParser:
     """The recipe's TrlParser over (HHScriptArguments, ``config_class``, ``model_config``): a description at
     the top of --help, the script's own fields first, and no abbreviated options (argparse's
-    ``allow_abbrev``, passed through by HfArgumentParser): the early read of `rgpo_trl.rlhf.parsing` takes
+    ``allow_abbrev``, passed through by HfArgumentParser): the early read of `recipes.hh_rlhf.parsing` takes
     the options in full, so the parse must too. ``check`` sees the parsed values before the configs are
     built (`RecipeParser`)."""
     return RecipeParser(

@@ -6,13 +6,13 @@
   dialogues (``\n\nHuman: ...\n\nAssistant: ...``, multi-turn included) generated from a seed. Each row has
   ``chosen`` / ``rejected`` (raw HH strings, same prompt prefix), ``chosen_gold`` /
   ``rejected_gold`` (the gold scores of the two final responses) and ``topic``. It is read by
-  :func:`rgpo_trl.rlhf.hh_data.load_hh_helpful_prompts` like the real dataset.
+  :func:`recipes.hh_common.hh_data.load_hh_helpful_prompts` like the real dataset.
 * ``policy/``: a byte-level BPE tokenizer (trained on the dialogues) with a Qwen-style chat
   template (``<|im_start|>role\n...<|im_end|>``) and a tiny ``Qwen2ForCausalLM`` briefly SFT-ed on a
   *mix* of good and bad responses, so that its samples are of mixed gold quality.
 * ``reward_model/``: a tiny ``DebertaV2ForSequenceClassification`` (``num_labels=1``) trained with
   TRL's ``RewardTrainer`` on the chosen/rejected pairs, encoded as text pairs
-  ``tokenizer(question, answer)`` exactly like :class:`rgpo_trl.rlhf.rewards.PairwiseRewardModel`
+  ``tokenizer(question, answer)`` exactly like :class:`recipes.hh_common.rewards.PairwiseRewardModel`
   scores them (question = last user turn). It is an imperfect proxy of the gold score.
 * ``build_info.json``: builder version, seed, sizes, build time, RM held-out pairwise accuracy,
   the gold quality of the SFT policy's samples and (v3) the calibration table: a scripted ideal
@@ -38,7 +38,7 @@ for a non-default seed):
   rude phrases (max 2), ``repetition``: the fraction of repeated sentences,
   ``length_penalty = max(0, words - 45) / 30``), which keyword salad maxes.
 
-CLI: ``python -m rgpo_trl.tiny_hh [--force] [--quick] [--version 2|3] [--cache-dir DIR] [--seed N]``.
+CLI: ``python -m recipes.tiny_hh [--force] [--quick] [--version 2|3] [--cache-dir DIR] [--seed N]``.
 """
 
 from .build import (
@@ -52,8 +52,9 @@ from .build import (
     gold_for,
     sample_policy,
 )
-from .dialogues import generate_dialogues, make_prompt, make_response, write_jsonl
+from .dialogues import generate_dialogues, make_prompt, write_jsonl
 from .gold_v3 import gold_components_v3, gold_reward_func_v3, gold_score_v3, keyword_salad, well_formedness
+from .responses import make_response
 from .splits import SPLITS, make_prompt_in_split, normalise_question
 from .world import RESPONSE_KINDS, find_item, gold_components, gold_reward_func, gold_score
 

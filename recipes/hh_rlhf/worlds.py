@@ -1,7 +1,7 @@
 """The worlds the HH-RLHF recipe runs in, named by its ``world`` field:
 
 - ``hh``: Anthropic HH-RLHF and its pairwise reward model; no gold score.
-- ``tiny``: the embedded tiny-HH world (`rgpo_trl.tiny_hh`). A path ``tiny-hh/<asset>`` in the recipe's
+- ``tiny``: the embedded tiny-HH world (`recipes.tiny_hh`). A path ``tiny-hh/<asset>`` in the recipe's
   arguments names one of its assets, built once and cached; the world's gold score is logged next to the
   proxy reward (weight 0: never optimised) and reported by every evaluation.
 """

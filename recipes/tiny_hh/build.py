@@ -12,15 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .dialogues import _items, generate_dialogues, make_response, sample_kind, write_jsonl
-from .gold_v3 import gold_score_v3, keyword_salad
+from ..hh_common.hh_data import hh_text_to_prompt, parse_hh_dialogue
+from ..hh_common.rewards import PairwiseRewardModel
+from .dialogues import generate_dialogues, write_jsonl
+from .gold_v3 import gold_reward_func_v3, gold_score_v3, keyword_salad
+from .responses import _items, make_response, sample_kind
 from .tokenizers import (
     make_policy_tokenizer,
     make_policy_tokenizer_template_text,
     make_rm_tokenizer,
     train_bpe,
 )
-from .world import find_item, gold_score
+from .world import find_item, gold_reward_func, gold_score
 
 BUILDER_VERSION = 3  # the world the recipe uses by default
 VERSIONS = (2, 3)  # v2: the world of the committed v2 results, still buildable
@@ -133,9 +136,6 @@ def check_version(version: int) -> int:
 
 def gold_for(version: int):
     """The gold rule of a world version: (score(prompt, completion), TRL reward function named ``gold``)."""
-    from .gold_v3 import gold_reward_func_v3
-    from .world import gold_reward_func
-
     return (
         (gold_score, gold_reward_func)
         if check_version(version) == 2
@@ -170,8 +170,6 @@ def _train_policy(tok, train_rows, s: BuildSettings, seed: int, log):
     slower (results/benchmarks/tiny_sft.md), which would make the demo's asset build minutes longer."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
 
     torch.manual_seed(seed)
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
@@ -251,8 +249,6 @@ def _train_reward_model(rm_tok, train_rows, s: BuildSettings, seed: int, workdir
     from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
     from trl import RewardConfig, RewardTrainer
 
-    from rgpo_trl.rlhf.hh_data import parse_hh_dialogue
-
     torch.manual_seed(seed)
     cfg = DebertaV2Config(
         vocab_size=len(rm_tok),
@@ -278,7 +274,7 @@ def _train_reward_model(rm_tok, train_rows, s: BuildSettings, seed: int, workdir
         pad_token_id=rm_tok.pad_token_id,
     )
     model = DebertaV2ForSequenceClassification(cfg)
-    # Pre-tokenize as text pairs, exactly like rgpo_trl.rlhf.rewards.PairwiseRewardModel encodes them:
+    # Pre-tokenize as text pairs, exactly like recipes.hh_common.rewards.PairwiseRewardModel encodes them:
     # RewardTrainer would otherwise concatenate prompt+completion into one text (no pair encoding).
     # type_vocab_size=0, so the token_type_ids the collator drops carry no information anyway.
     chosen_ids, rejected_ids = [], []
@@ -326,9 +322,6 @@ def _train_reward_model(rm_tok, train_rows, s: BuildSettings, seed: int, workdir
 
 
 def _eval_reward_model(rm_dir: Path, test_rows) -> dict[str, float]:
-    from rgpo_trl.rlhf.hh_data import hh_text_to_prompt, parse_hh_dialogue
-    from rgpo_trl.rlhf.rewards import PairwiseRewardModel
-
     rm = PairwiseRewardModel(str(rm_dir), batch_size=64)
     prompts = [hh_text_to_prompt(r["chosen"]) for r in test_rows]
     ch = [parse_hh_dialogue(r["chosen"])[-1]["content"] for r in test_rows]
@@ -380,8 +373,6 @@ def sample_policy(
 
 
 def _eval_policy(policy_dir: Path, test_rows, n: int, seed: int, gold=gold_score) -> dict[str, Any]:
-    from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
-
     prompts = [hh_text_to_prompt(r["chosen"]) for r in test_rows[:n]]
     comps = sample_policy(policy_dir, prompts, seed=seed)
     golds = [gold(p, c) for p, c in zip(prompts, comps, strict=True)]
@@ -397,9 +388,6 @@ def _eval_policy(policy_dir: Path, test_rows, n: int, seed: int, gold=gold_score
 def _calibration(rm_dir: Path, test_rows, gold) -> dict[str, Any]:
     """World v3's calibration table: a scripted ideal answer's gold, keyword salad's gold, and the proxy
     reward model's scores for both on the test prompts (does the proxy prefer salad?)."""
-    from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
-    from rgpo_trl.rlhf.rewards import PairwiseRewardModel
-
     prompts = [hh_text_to_prompt(r["chosen"]) for r in test_rows]
     ideal, salad = [], []
     for p in prompts:
@@ -478,8 +466,6 @@ def build_tiny_assets(
         )
 
         texts = [r[k] for r in train_rows for k in ("chosen", "rejected")]
-        from rgpo_trl.rlhf.hh_data import hh_text_to_prompt
-
         texts += [
             make_policy_tokenizer_template_text(hh_text_to_prompt(r["chosen"])) for r in train_rows[:200]
         ]

@@ -8,7 +8,7 @@ import json
 import logging
 from collections.abc import Callable
 
-from .hh_data import (
+from ..hh_common.hh_data import (
     hold_out_validation,
     load_hh_helpful_prompts,
     load_hh_preference_pairs,

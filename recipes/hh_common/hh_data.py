@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .hub_access import ensure_loadable
+
 logger = logging.getLogger(__name__)
 
 HH_DATASET_ID = "Anthropic/hh-rlhf"
@@ -221,8 +223,6 @@ def load_hh_raw(
     keeps the first rows only."""
     from datasets import load_dataset
 
-    from rgpo_trl.rlhf.hub_access import ensure_loadable
-
     src = ensure_loadable(dataset_name_or_path, kind="dataset")
     if os.path.isfile(src):
         # a single file is always one split, whatever `split` says
@@ -247,7 +247,7 @@ def load_hh_helpful_prompts(
 ):
     """HH-RLHF helpful prompts for ``GRPOTrainer``: ``(Dataset[{"prompt": [...]}], HHPromptStats)``.
 
-    ``dataset_name_or_path``: a hub id (checked with :func:`rgpo_trl.rlhf.hub_access.ensure_loadable`
+    ``dataset_name_or_path``: a hub id (checked with :func:`recipes.hh_common.hub_access.ensure_loadable`
     first, so an offline machine fails fast), a local dataset directory (``data_dir`` is used if
     that sub-directory exists, e.g. a mirror of the hub repo), or a ``.jsonl`` file. The full
     ``helpful-base`` train split has 43,835 rows. ``max_rows`` keeps the first rows only.

@@ -6,6 +6,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..hh_common.hh_data import last_user_text
+
 # --------------------------------------------------------------------------------------------
 # Content bank: topic -> items (subject phrase used in questions, three (key word, clause) parts)
 # --------------------------------------------------------------------------------------------
@@ -388,8 +390,6 @@ def find_item(question: str) -> tuple[str, str, list[str]] | None:
 
 def gold_components(prompt: Any, completion: Any) -> dict[str, float]:
     """The parts of the gold rule (see module docstring) for one response."""
-    from rgpo_trl.rlhf.hh_data import last_user_text
-
     question = last_user_text(prompt) if not isinstance(prompt, Mapping) else _text_of(prompt)
     answer = _text_of(completion).strip()
     low = answer.lower()

@@ -15,6 +15,7 @@ import random
 import re
 from functools import cache
 
+from .responses import make_response
 from .world import _BANK, _FOLLOWUP_TEMPLATES, _GREETINGS, _QUESTION_TEMPLATES
 
 SPLITS = ("train", "validation", "test")
@@ -75,8 +76,6 @@ def make_prompt_in_split(rng: random.Random, split: str) -> tuple[list[dict[str,
     """A (possibly multi-turn) prompt whose every question is one of ``split``'s combinations, in the shapes
     of v2's ``make_prompt`` (greeting, earlier exchanges with good answers, a follow-up); returns (messages,
     topic, parts of the final question)."""
-    from .dialogues import make_response
-
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
     combos = combinations()[split]

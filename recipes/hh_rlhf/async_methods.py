@@ -22,14 +22,15 @@ from typing import Any
 from accelerate import PartialState
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-from ..async_rgpo import (
+from rgpo_trl.async_rgpo import (
     AsyncRGPOConfig,
     AsyncRGPOTrainer,
     InProcessRolloutWorker,
     InProcessWeightTransfer,
     install_cpu_shims,
 )
-from ..cli import UsageError
+from rgpo_trl.cli import UsageError
+
 from .methods import BASE_METRICS, make_trainer
 
 logger = logging.getLogger("rgpo_trl.recipe")

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+from .responses import _items
 from .world import (
     _EVASIVE,
     _FILLERS,
@@ -42,8 +43,6 @@ def grammar_bigrams() -> frozenset[tuple[str, str]]:
     phrases (openers, clauses, closers, fillers, evasions) and at the joints it makes (opener -> clause or
     evasion, clause -> ", " / " and " / ", and " -> clause, "." -> closer or filler). A test checks that fresh
     samples of every response kind are covered."""
-    from .dialogues import _items
-
     openers = [*_POLITE_OPENERS, *_RUDE_OPENERS]
     clauses = [c for _, _, parts in _items() for _, c in parts]
     phrases = [*openers, *clauses, *_POLITE_CLOSERS, *_FILLERS, *_EVASIVE]

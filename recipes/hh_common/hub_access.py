@@ -12,7 +12,7 @@ on network timeouts. :func:`ensure_loadable` answers *before* any training start
   models, ``HF_DATASETS_OFFLINE`` for datasets) or a short network probe fails,
   :class:`HubUnavailableError` is raised, naming the id and telling the user to pass a
   local path or use ``--config recipes/configs/hh_rlhf_tiny.yaml`` (the embedded offline assets, see
-  :mod:`rgpo_trl.tiny_hh`).
+  :mod:`recipes.tiny_hh`).
 
 The probe timeout defaults to 5 s and can be set with ``RGPO_TRL_HUB_PROBE_TIMEOUT``.
 """
@@ -107,7 +107,7 @@ def _message(name: str, kind: Kind, why: str) -> str:
     return (
         f"Cannot load {kind} {name!r} from the Hugging Face Hub: {why}. Pass a local path instead ({what}), "
         "or use `--config recipes/configs/hh_rlhf_tiny.yaml` to run on the embedded offline tiny-HH assets "
-        "(built by `python -m rgpo_trl.tiny_hh`)."
+        "(built by `python -m recipes.tiny_hh`)."
     )
 
 

@@ -8,12 +8,12 @@ import os
 
 from transformers import AutoModelForCausalLM
 
+from ..hh_common.rewards import load_pairwise_reward
 from .input_checks import checkpoint_load_errors
 from .json_io import dump, dumps
 from .methods import get_rlhf_method, make_trainer
 from .prompt_splits import training_pairs, training_prompts
 from .recipe_evaluation import RunEvaluation, summary_window
-from .rewards import load_pairwise_reward
 from .runtime import finish
 
 logger = logging.getLogger("rgpo_trl.recipe")

@@ -1,4 +1,4 @@
-"""The HH-RLHF recipe's evaluations, all through the shared `rgpo_trl.rlhf.evaluation` code with the world's
+"""The HH-RLHF recipe's evaluations, all through the shared `recipes.hh_rlhf.evaluation` code with the world's
 gold score where it has one: the held-out prompts after training (``heldout.json``; the demo's comparison
 with the initial policy), the validation prompts during the summary window (``validation.jsonl`` /
 ``validation.json``) and an offline method's training prompts (its ``summary.json``)."""
@@ -16,8 +16,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
+from ..hh_common.hh_data import load_hh_helpful_prompts
 from .evaluation import WindowEvaluation, comparison_table, evaluate_policy, repeat_prompts
-from .hh_data import load_hh_helpful_prompts
 from .json_io import dump
 from .worlds import gold_function
 
@@ -91,7 +91,7 @@ class RunEvaluation:
         seed: int | None = None,
         progress: EvaluationProgress | None = None,
     ) -> dict:
-        """The shared evaluation (`rgpo_trl.rlhf.evaluation`) of ``model`` on ``prompts``, ``samples``
+        """The shared evaluation (`recipes.hh_rlhf.evaluation`) of ``model`` on ``prompts``, ``samples``
         completions each (sampled with ``seed``, default the run's); gold where the world has one."""
         sampling = self.sampling if seed is None else {**self.sampling, "seed": seed}
         result = evaluate_policy(

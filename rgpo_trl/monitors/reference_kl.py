@@ -1,7 +1,8 @@
 """KL to the reference, logged the same way for every method (`ReferenceKLMonitor`): the paper's primary RLHF
-stability metric, also for GRPO, which does not optimise it. A mixin of the monitored trainers in
-`rgpo_trl.rlhf.methods`, kept apart from the registry because it follows TRL's own reference code line by line
-(pinned in tests/test_reference_kl_monitor.py)."""
+stability metric, also for GRPO, which does not optimise it. A mixin for any `trl.GRPOTrainer` subclass
+(`RGPOTrainer`, `PPORLHFTrainer`, TRL's own losses), e.g.
+``class Monitored(ReferenceKLMonitor, GRPOTrainer)``; the HH-RLHF recipe's trainers use it for every method.
+It follows TRL's own reference code line by line (pinned in tests/test_reference_kl_monitor.py)."""
 
 from __future__ import annotations
 

@@ -34,9 +34,10 @@ import torch
 import yaml
 from transformers import HfArgumentParser
 
-from ..cli import UsageError
+from rgpo_trl.cli import UsageError
+
+from ..hh_common.hub_access import ensure_loadable, hub_offline
 from .arguments import HHScriptArguments, PresetGeneration, make_recipe_parser, model_config_without
-from .hub_access import ensure_loadable, hub_offline
 from .input_checks import check_async_batch, check_field_ranges, check_resume_checkpoint
 from .worlds import TINY_PREFIX, WORLDS, unknown_tiny_asset
 
@@ -167,10 +168,10 @@ def parse_recipe_args(
     argv: list[str] | None = None, check_hub: bool = True, config_dir: Path = CONFIG_DIR
 ) -> tuple:
     """(script_args, training_args, model_args) of the command line ``argv`` (default ``sys.argv[1:]``),
-    checked; ``tiny-hh/<asset>`` paths are left for `rgpo_trl.rlhf.worlds.resolve_tiny_assets`. A bad preset,
-    field or value raises `UsageError`, before anything is built; ``check_hub=False`` skips the hub checks
-    (tests). ``script_args.unused_preset_settings`` lists the preset's settings the trainer config has no
-    field for (an offline method's generation settings; the asynchronous trainer's missing ones)."""
+    checked; ``tiny-hh/<asset>`` paths are left for `recipes.hh_rlhf.worlds.resolve_tiny_assets`. A bad
+    preset, field or value raises `UsageError`, before anything is built; ``check_hub=False`` skips the hub
+    checks (tests). ``script_args.unused_preset_settings`` lists the preset's settings the trainer config has
+    no field for (an offline method's generation settings; the asynchronous trainer's missing ones)."""
     try:
         return _parse_and_check(list(sys.argv[1:] if argv is None else argv), check_hub, config_dir)
     except (ValueError, FileNotFoundError) as err:

@@ -76,7 +76,7 @@ def place_reward_model(reward_model, trainer) -> None:
 
 def finish(trainer, script_args, training_args) -> None:
     """End like TRL's grpo.py: save the model and write its card (README.md, tagged rgpo) to output_dir; push
-    both with --push_to_hub (refused offline before training, see `rgpo_trl.rlhf.parsing`)."""
+    both with --push_to_hub (refused offline before training, see `recipes.hh_rlhf.parsing`)."""
     if script_args.save_final_model:
         trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from ..core import clamp_log_ratio, kl_ref_estimate
+from rgpo_trl.core import clamp_log_ratio, kl_ref_estimate
+
 from .json_io import dump, dumps
 
 

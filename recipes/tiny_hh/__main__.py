@@ -1,4 +1,4 @@
-"""CLI: ``python -m rgpo_trl.tiny_hh [--force] [--quick] [--version 2|3] [--cache-dir DIR] [--seed N]
+"""CLI: ``python -m recipes.tiny_hh [--force] [--quick] [--version 2|3] [--cache-dir DIR] [--seed N]
 [--manifest]``: one line saying where the assets are (and how long a build took); the JSON manifest (paths,
 build info, about 80 lines) only when asked for, so ``make demo`` does not open with it."""
 

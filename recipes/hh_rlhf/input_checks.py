@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from ..cli import UsageError
+from rgpo_trl.cli import UsageError
 
 Rule = tuple[Callable[[Any], bool], str]
 

@@ -38,6 +38,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from .hh_data import HHFormatError, last_user_text, parse_hh_dialogue, render_hh_text
+from .hub_access import ensure_loadable
+
 QuestionMode = Literal["last_user", "conversation"]
 
 
@@ -50,8 +53,6 @@ def _completion_text(c: Any) -> str:
 
 
 def _question_text(prompt: Any, mode: QuestionMode) -> str:
-    from rgpo_trl.rlhf.hh_data import HHFormatError, last_user_text, parse_hh_dialogue, render_hh_text
-
     if mode == "last_user":
         return last_user_text(prompt)
     if isinstance(prompt, str):
@@ -71,7 +72,7 @@ class PairwiseRewardModel:
 
     Args:
         model_name_or_path: hub id or local directory; checked with
-            :func:`rgpo_trl.rlhf.hub_access.ensure_loadable` (fails fast offline). Omit it when
+            :func:`recipes.hh_common.hub_access.ensure_loadable` (fails fast offline). Omit it when
             passing ``model`` and ``tokenizer``.
         model, tokenizer: already loaded objects (used instead of loading).
         batch_size: completions per forward pass.
@@ -104,8 +105,6 @@ class PairwiseRewardModel:
         if model is None or tokenizer is None:
             if model_name_or_path is None:
                 raise ValueError("pass model_name_or_path, or both model and tokenizer")
-            from rgpo_trl.rlhf.hub_access import ensure_loadable
-
             src = ensure_loadable(model_name_or_path, kind="model")
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(src)

@@ -25,9 +25,9 @@ rate, ``num_iterations``) comes from the preset, so runs differ only in the poli
 - ``sft``: no training; the initial policy through the same evaluation (KL_ref = 0): the baseline.
 
 More are added with `register_rlhf_method`. The monitored trainers log, for every method, KL to the
-reference (`rgpo_trl.rlhf.reference_kl`, the paper's primary RLHF stability metric) and, for the GRPO family,
-the ratio to the behaviour policy (`rgpo_trl.rlhf.behaviour_ratio`); a run's metrics files and console table
-are `rgpo_trl.rlhf.metrics_log`'s.
+reference (the library's `rgpo_trl.monitors.ReferenceKLMonitor`, the paper's primary RLHF stability metric)
+and, for the GRPO family, the ratio to the behaviour policy (`rgpo_trl.monitors.BehaviourRatioMonitor`); a
+run's metrics files and console table are `recipes.hh_rlhf.metrics_log`'s.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from typing import Any
 
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, get_peft_config
 
-from ..trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
-from .behaviour_ratio import BehaviourRatioMonitor
-from .reference_kl import ReferenceKLMonitor
+from rgpo_trl.monitors import BehaviourRatioMonitor, ReferenceKLMonitor
+from rgpo_trl.trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
 
 # Columns of the per-iteration metrics file that every method has: name -> key logged by the trainer.
 BASE_METRICS = {

@@ -1,0 +1,256 @@
+"""The import graph of the checkout's packages (the library ``rgpo_trl``, ``recipes``, the lab ``rgpo_lab``
+and ``mujoco_baselines``), read statically from the source: no cycle anywhere, and the layering holds.
+
+Every ``import`` / ``from ... import`` statement counts, wherever it is (module level, inside a function,
+under ``if TYPE_CHECKING``); relative imports are resolved, and ``from pkg import name`` where ``pkg.name`` is
+a module counts as importing that module. A cycle is looked for at every depth of the package tree: between
+modules, and between the packages they collapse to (``recipes.hh_rlhf`` -> ``recipes.tiny_hh`` ->
+``recipes.hh_rlhf`` is a cycle between the two packages even when no module cycle closes it), up to the
+top-level packages themselves. Layers: ``rgpo_trl`` imports none of the other packages; ``recipes`` does not
+import the lab; inside ``recipes``, `RECIPE_LAYERS` in order (a layer imports only the ones before it)."""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("rgpo_trl", "recipes", "rgpo_lab", "mujoco_baselines")
+RECIPE_LAYERS = ("recipes.hh_common", "recipes.tiny_hh", "recipes.hh_rlhf", "recipes.hh_rlhf_qwen")
+
+Edges = dict[str, dict[str, str]]  # module -> {imported module: "file:line" of the first such import}
+
+
+def module_files(root: Path, packages) -> dict[str, Path]:
+    """Dotted module name -> source file, for every ``.py`` file under the ``packages`` directories of
+    ``root`` (a package's ``__init__.py`` is the package itself)."""
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def import_graph(root: Path, packages) -> Edges:
+    """Each module's imports of the other modules found under ``packages`` (see the module docstring)."""
+    modules = module_files(root, packages)
+
+    def known(name: str) -> str | None:  # the module a dotted import name lands in: its longest known prefix
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: Edges = {name: {} for name in modules}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".")
+                else:
+                    base = node.module or ""
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for target in filter(None, map(known, targets)):
+                if target != name:
+                    edges[name].setdefault(target, f"{path.relative_to(root)}:{node.lineno}")
+    return edges
+
+
+def collapsed(edges: Edges, depth: int) -> Edges:
+    """The graph between the names' first ``depth`` components (a package and everything in it as one)."""
+    out: Edges = {}
+    for source, targets in edges.items():
+        a = ".".join(source.split(".")[:depth])
+        out.setdefault(a, {})
+        for target, where in targets.items():
+            b = ".".join(target.split(".")[:depth])
+            out.setdefault(b, {})
+            if a != b:
+                out[a].setdefault(b, f"{where} ({source} -> {target})")
+    return out
+
+
+def cycles(edges: Edges) -> list[list[str]]:
+    """One cycle (a closed path of names) for each strongly connected component with more than one node."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                components.append(set(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    found = []
+    for component in components:  # the shortest way from the component's first name back to it
+        start = min(component)
+        parent: dict[str, str] = {}
+        queue = deque([start])
+        while queue:
+            v = queue.popleft()
+            if start in edges[v]:
+                path = [v]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                found.append([*reversed(path), start])
+                break
+            for w in sorted(edges[v]):
+                if w in component and w not in parent and w != start:
+                    parent[w] = v
+                    queue.append(w)
+    return found
+
+
+def all_cycles(edges: Edges) -> list[str]:
+    """Every cycle, at every depth of the package tree (names cut to their first d components, d = 1 the
+    top-level packages), written out with the import that makes each step; a cycle of names no cut shortens
+    is reported once, at the depth it first appears."""
+    out = []
+    for d in range(1, max(len(name.split(".")) for name in edges) + 1):
+        graph = collapsed(edges, d)
+        for cycle in cycles(graph):
+            if d > 1 and all(len(name.split(".")) < d for name in cycle):
+                continue  # the same cycle as at depth d - 1
+            steps = "\n".join(
+                f"    {a} -> {b}  [{graph[a][b]}]" for a, b in zip(cycle, cycle[1:], strict=False)
+            )
+            out.append(f"import cycle at depth {d}:\n{steps}")
+    return out
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def imports_of(edges: Edges, source_prefix: str, target_prefixes) -> list[str]:
+    """The imports from modules under ``source_prefix`` of modules under any of ``target_prefixes``."""
+    return [
+        f"{a} -> {b}  [{where}]"
+        for a, targets in edges.items()
+        if under(a, source_prefix)
+        for b, where in targets.items()
+        if any(under(b, p) for p in target_prefixes)
+    ]
+
+
+@pytest.fixture(scope="module")
+def graph() -> Edges:
+    return import_graph(ROOT, [p for p in PACKAGES if (ROOT / p).is_dir()])
+
+
+def test_the_graph_is_read(graph):
+    """The builder sees the checkout (so the tests below cannot pass on an empty graph): function-level,
+    relative and ``from pkg import submodule`` imports included."""
+    assert "recipes.tiny_hh" in graph["recipes.hh_rlhf.worlds"]  # from ..tiny_hh import build_tiny_assets
+    assert "recipes.tiny_hh.build" in graph["recipes.tiny_hh.__main__"]  # from . import build
+    assert "recipes.hh_rlhf.methods" in graph["recipes.hh_rlhf.parsing"]  # inside a function
+    assert "rgpo_trl.core" in graph["rgpo_trl.trainer.trainer"]  # from ..core import ...
+
+
+def test_no_import_cycle(graph):
+    found = all_cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def test_the_library_imports_only_itself(graph):
+    outside = imports_of(graph, "rgpo_trl", [p for p in PACKAGES if p != "rgpo_trl"])
+    assert not outside, "rgpo_trl imports outside the library:\n" + "\n".join(outside)
+
+
+def test_recipes_do_not_import_the_lab(graph):
+    lab = imports_of(graph, "recipes", ["rgpo_lab"])
+    assert not lab, "recipes import the lab:\n" + "\n".join(lab)
+
+
+def test_recipe_layers(graph):
+    """Each layer of `RECIPE_LAYERS` imports only the layers before it (and the library)."""
+    unplaced = [
+        n
+        for n in graph
+        if under(n, "recipes") and n != "recipes" and not any(under(n, la) for la in RECIPE_LAYERS)
+    ]
+    assert not unplaced, f"recipes modules in no layer of RECIPE_LAYERS: {unplaced}"
+    upward = [
+        line for i, la in enumerate(RECIPE_LAYERS) for line in imports_of(graph, la, RECIPE_LAYERS[i + 1 :])
+    ]
+    assert not upward, "a recipes layer imports a later one:\n" + "\n".join(upward)
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_a_module_cycle_is_found(tmp_path):
+    """A cycle closed by a function-level relative import and a ``from pkg import submodule``."""
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "def f():\n    from . import b\n",
+            "pkg/b.py": "from pkg.sub import c\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/c.py": "from .. import a\nimport os\n",
+            "pkg/d.py": "from pkg import b\n",  # into the cycle, not on it
+        },
+    )
+    graph = import_graph(tmp_path, ["pkg"])
+    assert graph["pkg.a"] == {"pkg.b": "pkg/a.py:2"}
+    assert graph["pkg.sub.c"] == {"pkg.a": "pkg/sub/c.py:1"}
+    found = all_cycles(graph)
+    assert any(
+        "pkg.a -> pkg.b" in c and "pkg.b -> pkg.sub.c" in c and "pkg.sub.c -> pkg.a" in c for c in found
+    )
+    assert not any("pkg.d" in c for c in found)
+
+
+def test_a_package_cycle_without_a_module_cycle_is_found(tmp_path):
+    """one.x -> two.y and two.z -> one.w: no module cycle, a cycle between the packages one and two."""
+    _write(
+        tmp_path,
+        {
+            "top/__init__.py": "",
+            "top/one/__init__.py": "",
+            "top/one/x.py": "from ..two import y\n",
+            "top/one/w.py": "",
+            "top/two/__init__.py": "",
+            "top/two/y.py": "",
+            "top/two/z.py": "if False:\n    import top.one.w\n",
+        },
+    )
+    graph = import_graph(tmp_path, ["top"])
+    assert not cycles(graph)
+    found = all_cycles(graph)
+    assert len(found) == 1 and "top.one -> top.two" in found[0] and "top.two -> top.one" in found[0], found
+
+
+def test_an_acyclic_package_passes(tmp_path):
+    _write(tmp_path, {"p/__init__.py": "from .a import f\n", "p/a.py": "from .b import g\n", "p/b.py": ""})
+    assert all_cycles(import_graph(tmp_path, ["p"])) == []
