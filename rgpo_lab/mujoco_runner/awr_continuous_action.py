@@ -1,11 +1,13 @@
-"""AWR (advantage-weighted regression) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script holds its
-method's flags and update; the shared flags, rollout, GAE and logging are in mujoco_baselines/common.py)."""
+"""AWR (advantage-weighted regression) on a MuJoCo task, the lab runner's (rgpo_lab.mujoco_runner: each
+module holds its method's flags and update; the shared flags, rollout, GAE, logging, checkpoints and
+evaluation are in its common.py)."""
 
 # On-policy variant of the paper's AWR baseline. Policy loss: -mean(min(exp(A / beta), max_weight) *
 # log pi(a|s)).
 # ppo / rgpo / trpo / awr differ in their own flags, their loss and their update; what they share (the
 # other flags, the environment, rollout, GAE, metrics, checkpoints) is common.py's, imported as `common`
-# (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
+# (see rgpo_lab/mujoco_runner/__init__.py). The product's single-file version of this method is
+# mujoco_baselines/awr_continuous_action.py, the same algorithm (tests/test_mujoco_script_vs_lab.py).
 from __future__ import annotations
 
 import functools
@@ -18,8 +20,8 @@ import torch
 import tyro
 
 import rgpo_trl
-from mujoco_baselines import common
-from mujoco_baselines.common import Agent, MujocoEnv
+from rgpo_lab.mujoco_runner import common
+from rgpo_lab.mujoco_runner.common import Agent, MujocoEnv
 from rgpo_trl.cli import run_main
 
 

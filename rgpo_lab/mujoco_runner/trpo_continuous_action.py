@@ -1,13 +1,14 @@
-"""TRPO (natural gradient with a KL line search) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script
-holds its method's flags and update; the shared flags, rollout, GAE and logging are in
-mujoco_baselines/common.py)."""
+"""TRPO (natural gradient with a KL line search) on a MuJoCo task, the lab runner's (rgpo_lab.mujoco_runner:
+each module holds its method's flags and update; the shared flags, rollout, GAE, logging, checkpoints and
+evaluation are in its common.py)."""
 
 # One constrained policy step per rollout (natural gradient: 10 conjugate-gradient iterations on the
 # Fisher-vector product of the closed-form Gaussian KL, then a KL-enforcing backtracking line search), then
 # value-only Adam epochs.
 # ppo / rgpo / trpo / awr differ in their own flags, their loss and their update; what they share (the
 # other flags, the environment, rollout, GAE, metrics, checkpoints) is common.py's, imported as `common`
-# (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
+# (see rgpo_lab/mujoco_runner/__init__.py). The product's single-file version of this method is
+# mujoco_baselines/trpo_continuous_action.py, the same algorithm (tests/test_mujoco_script_vs_lab.py).
 from __future__ import annotations
 
 import functools
@@ -21,9 +22,9 @@ import torch
 import tyro
 
 import rgpo_trl
-from mujoco_baselines import common
-from mujoco_baselines.common import Agent, MujocoEnv
-from mujoco_baselines.compiled_update import gauss_newton_fvp
+from rgpo_lab.mujoco_runner import common
+from rgpo_lab.mujoco_runner.common import Agent, MujocoEnv
+from rgpo_lab.mujoco_runner.compiled_update import gauss_newton_fvp
 from rgpo_trl.cli import run_main
 
 
