@@ -1,104 +1,344 @@
-"""AWR (advantage-weighted regression) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script holds its
-method's flags and update; the shared flags, rollout, GAE and logging are in mujoco_baselines/common.py)."""
+"""AWR (advantage-weighted regression, on-policy) on a MuJoCo task, a baseline of the RGPO scripts: the policy
+loss -mean(min(exp(A / beta), max_weight) * log pi(a|s)), one file in CleanRL's structure."""
 
-# On-policy variant of the paper's AWR baseline. Policy loss: -mean(min(exp(A / beta), max_weight) *
-# log pi(a|s)).
-# ppo / rgpo / trpo / awr differ in their own flags, their loss and their update; what they share (the
-# other flags, the environment, rollout, GAE, metrics, checkpoints) is common.py's, imported as `common`
-# (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
-from __future__ import annotations
-
-import functools
+# docs: mujoco_baselines/README.md and docs/mujoco.md. The lab's runner of the same algorithm (checkpoints,
+# --compile, the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
+import math
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
 
+import gymnasium as gym
+import mujoco
+import numpy as np
 import torch
+import torch.nn as nn
 import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 import rgpo_trl
-from mujoco_baselines import common
-from mujoco_baselines.common import Agent, MujocoEnv
-from rgpo_trl.cli import run_main
 
 
-# the flags every script has: common.BaseArgs
 @dataclass
-class Args(common.BaseArgs):
+class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for these small networks; CPU only)"""
+    save_model: bool = False
+    """whether to save the model into the `runs/{run_name}` folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (a MuJoCo task with Box actions; v4 and v5 ids)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_steps: int = 2048
+    """the number of steps to run in the environment per policy rollout (one environment)"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    vclip_coef: float = 0.2
+    """the value clipping coefficient (CleanRL's clip_coef clips the value too)"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping (<= 0 disables)"""
+    hidden_size: int = 256
+    """width of the two-layer tanh networks (the paper's 256; CleanRL's 64)"""
 
     # AWR specific
     awr_beta: float = 1.0
     """temperature beta of the advantage weights exp(A / beta) (paper: 1.0)"""
     awr_max_weight: float = 20.0
-    """weights are clipped to <= this (Peng et al. 2019 use 20); with normalised advantages and beta 1
-    the clip binds only for A > 3 std"""
+    """weights are clipped to <= this (Peng et al. 2019 use 20)"""
+
+    # to be filled in runtime
+    batch_size: tyro.conf.Suppress[int] = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
 
 
-# --------------------------------------------------------------------------------------------- #
-# Method-specific part: the AWR weighted log-likelihood.
-# --------------------------------------------------------------------------------------------- #
-def awr_policy_loss(newlogprob, oldlogprob, advantages, beta, max_weight):
-    """AWR loss and the mini-batch's stats (kl to pi_old, ess, weight_clipfrac, weight_max); ESS uses the AWR
-    weights (scale-free, so equal to the ESS of the normalised weights w / sum w, Ablation D)."""
-    with torch.no_grad():
-        raw = torch.exp((advantages / beta).clamp(max=50.0))
-        weights = raw.clamp(max=max_weight)
-    pg_loss = -(weights * newlogprob).mean()
-    with torch.no_grad():
-        kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(newlogprob - oldlogprob)).mean()
-        ess = rgpo_trl.effective_sample_size(weights)
-        clipfrac = (raw > max_weight).float().mean()
-    return pg_loss, {"kl": kl, "ess": ess, "weight_clipfrac": clipfrac, "weight_max": weights.max()}
+def mujoco_warning(message):
+    """MuJoCo's warnings, less the one on every load of gymnasium's v4 HalfCheetah and Ant (settotalmass)"""
+    if "settotalmass" not in message:
+        print(f"WARNING: {message}", file=sys.stderr)
 
 
-def minibatch_loss(agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, args):
-    """AWR's mini-batch loss (policy - entropy + value) and what the statistics need, for the eager step and
-    the --compile step alike."""
-    newlogprob = agent.log_prob(agent.actor_mean(mb_obs), mb_actions)
-    newvalue = agent.critic(mb_obs).squeeze(-1)
-    mb_adv = common.normalize_advantages(mb_adv, args)
-    pg_loss, mb_stats = awr_policy_loss(newlogprob, mb_oldlogprob, mb_adv, args.awr_beta, args.awr_max_weight)
-    v_loss = common.value_loss(newvalue, mb_values, mb_returns, args)
-    loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
-    return loss, (newlogprob, pg_loss, v_loss, mb_stats)
+mujoco.set_mju_user_warning(mujoco_warning)
 
 
-def main(args: Args) -> dict:
-    # input checks, run directory, config.json, TensorBoard, the checkpoint if resuming, then the seeding
-    run = common.TrainingRun(args)
-    env = MujocoEnv(args)
-    agent = Agent(env.obs_dim, env.act_dim, args)
-    # Adam and the mini-batch step: eager, or with --compile the same step as one compiled function (chosen
-    # here, once)
-    loss_fn = functools.partial(minibatch_loss, args=args)
-    update = common.UpdateStep(agent, agent.parameters(), loss_fn, args, tracked=agent.policy_parameters())
-    rollout = common.Rollout(args, env, agent, fast=args.compile)
-    run.restore(rollout, agent=agent, optimizer=update.optimizer, env=env)
-    with run:
-        for iteration in run.iterations():
-            # ---- rollout and advantages: GAE (numpy, float64)
-            batch = common.collect_batch(iteration, rollout, update.optimizer, args, run.writer)
+class RunningMeanStd:
+    """gymnasium's running mean / variance, updated one sample at a time."""
 
-            # ---- update: advantage-weighted log-likelihood, `update_epochs` epochs of mini-batches
-            update_start = time.perf_counter()
-            update.begin_iteration()
-            stats, losses = common.MinibatchStats(), common.MinibatchStats()
-            for epoch, idxs in enumerate(common.epoch_indices(args)):
-                batches = batch.minibatches(idxs, batch.logprobs)
-                for _loss, (_, pg_loss, v_loss, mb_stats) in update.steps(batches, iteration, epoch):
-                    stats.add(**mb_stats)
-                    losses.add(policy_loss=pg_loss.detach(), value_loss=v_loss.detach())
-            update_time = time.perf_counter() - update_start
-            kl_final = common.final_kl(agent, batch, batch.logprobs)
+    def __init__(self, shape=()):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4
 
-            # ---- logging
-            grad_var = update.grad_var(len(stats))
-            summary = common.UpdateSummary(stats, losses, args.update_epochs, kl_final, grad_var, update_time)
-            run.log(iteration, run.iteration_metrics(iteration, batch, summary))
-        return run.finish()
+    def update(self, x):
+        delta, total = x - self.mean, self.count + 1.0
+        self.mean = self.mean + delta / total
+        self.var = (self.var * self.count + delta * delta * (self.count / total)) / total
+        self.count = total
+
+
+class NormalizedEnv:
+    """One environment with gymnasium's NormalizeObservation (clipped to +-10) and NormalizeReward (clipped to
+    +-10) written out: explicit resets, so no autoreset transitions, and raw episode returns. Hand-written for
+    speed: results/benchmarks/env_wrappers.md."""
+
+    def __init__(self, env_id, gamma):
+        self.env = gym.make(env_id)
+        for what, space in (("action", self.env.action_space), ("observation", self.env.observation_space)):
+            if not isinstance(space, gym.spaces.Box):
+                raise ValueError(f"env_id {env_id!r} has a {type(space).__name__} {what} space; need Box")
+        self.obs_dim, self.act_dim = self.env.observation_space.shape[0], self.env.action_space.shape[0]
+        self.low, self.high, self.gamma = self.env.action_space.low, self.env.action_space.high, gamma
+        self.obs_rms, self.ret_rms = RunningMeanStd((self.obs_dim,)), RunningMeanStd()
+        self.discounted, self.ep_return, self.ep_length = 0.0, 0.0, 0
+
+    def normalize(self, obs):
+        obs = np.asarray(obs, np.float64)
+        self.obs_rms.update(obs)
+        return np.clip((obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8), -10.0, 10.0)
+
+    def reset(self, seed):
+        obs, _ = self.env.reset(seed=seed)
+        self.env.action_space.seed(seed)
+        return self.normalize(obs)
+
+    def step(self, action):
+        """-> (normalised next obs, scaled reward, done, the finished episode's (return, length) or None)"""
+        obs, reward, terminated, truncated, _ = self.env.step(np.clip(action, self.low, self.high))
+        self.ep_return, self.ep_length = self.ep_return + float(reward), self.ep_length + 1
+        self.discounted = self.discounted * self.gamma * (1.0 - float(terminated)) + float(reward)
+        self.ret_rms.update(self.discounted)
+        reward = min(max(float(reward) / math.sqrt(self.ret_rms.var + 1e-8), -10.0), 10.0)
+        episode = None
+        if terminated or truncated:
+            episode, self.ep_return, self.ep_length = (self.ep_return, self.ep_length), 0.0, 0
+            obs, _ = self.env.reset()
+        return self.normalize(obs), reward, terminated or truncated, episode
+
+    def close(self):
+        self.env.close()
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, act_dim, hidden):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, act_dim), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(act_dim))
+
+    def policy_parameters(self):
+        return [*self.actor_mean.parameters(), self.actor_logstd]
+
+    def log_prob(self, mean, action):
+        """the diagonal Gaussian's log-density of `action`, summed over action dimensions"""
+        z = (action - mean) * torch.exp(-self.actor_logstd)
+        return -0.5 * (z * z).sum(-1) - (
+            self.actor_logstd.sum() + 0.5 * mean.shape[-1] * math.log(2 * math.pi)
+        )
+
+    def entropy(self):
+        return self.actor_logstd.sum() + 0.5 * self.actor_logstd.numel() * (1.0 + math.log(2 * math.pi))
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(lambda: main(tyro.cli(Args, description=__doc__)), errors=common.SCRIPT_ERRORS))
+    args = tyro.cli(Args, description=__doc__)
+    args.batch_size = args.num_steps
+    args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    try:  # a bad input stops here, in one line naming the field, before anything is written
+        if args.num_iterations < 1:
+            raise ValueError(
+                f"total_timesteps must be >= num_steps ({args.num_steps}), got {args.total_timesteps}"
+            )
+        if args.num_minibatches < 1 or args.batch_size % args.num_minibatches:
+            raise ValueError(
+                f"num_minibatches must divide num_steps ({args.num_steps}), got {args.num_minibatches}"
+            )
+        env = NormalizedEnv(args.env_id, args.gamma)
+    except gym.error.Error as err:
+        sys.exit(f"error: env_id: {err}")
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
+    )
+
+    # seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+
+    agent = Agent(env.obs_dim, env.act_dim, args.hidden_size)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+    # storage: one environment; rewards, dones and GAE in float64
+    obs = torch.zeros((args.num_steps, env.obs_dim))
+    actions = torch.zeros((args.num_steps, env.act_dim))
+    rewards = np.zeros(args.num_steps)
+    dones = np.zeros(args.num_steps)
+
+    # start the game
+    global_step = 0
+    start_time = time.time()
+    next_obs, next_done = env.reset(seed=args.seed), False
+
+    for iteration in range(1, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # rollout: the exploration noise is drawn for the whole rollout at once, the policy mean step by step
+        noise = torch.randn((args.num_steps, env.act_dim))
+        with torch.no_grad():
+            scaled_noise = torch.exp(agent.actor_logstd) * noise
+            for step in range(args.num_steps):
+                global_step += 1
+                obs[step] = torch.as_tensor(next_obs)
+                dones[step] = next_done
+                action = agent.actor_mean(obs[step]) + scaled_noise[step]
+                actions[step] = action
+                next_obs, rewards[step], next_done, episode = env.step(action.numpy())
+                if episode is not None:
+                    writer.add_scalar("charts/episodic_return", episode[0], global_step)
+                    writer.add_scalar("charts/episodic_length", episode[1], global_step)
+            # values and log-probs, for the whole rollout
+            b_values = agent.critic(obs).squeeze(-1)
+            next_value = float(agent.critic(torch.as_tensor(next_obs, dtype=torch.float32)))
+            b_logprobs = agent.log_prob(agent.actor_mean(obs), actions)
+
+        # bootstrap value if not done; GAE in float64
+        values = b_values.numpy().astype(np.float64)
+        advantages = np.zeros(args.num_steps)
+        lastgaelam = 0.0
+        for t in reversed(range(args.num_steps)):
+            if t == args.num_steps - 1:
+                nextnonterminal, nextvalues = 1.0 - next_done, next_value
+            else:
+                nextnonterminal, nextvalues = 1.0 - dones[t + 1], values[t + 1]
+            delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+            advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+        b_advantages = torch.as_tensor(advantages, dtype=torch.float32)
+        b_returns = torch.as_tensor(advantages + values, dtype=torch.float32)
+
+        # Optimizing the policy and value network
+        pg_losses, v_losses, old_approx_kls, approx_kls, esss, clipfracs, weight_maxs = ([] for _ in range(7))
+        for epoch in range(args.update_epochs):
+            for mb_inds in torch.randperm(args.batch_size).split(args.minibatch_size):
+                newlogprob = agent.log_prob(agent.actor_mean(obs[mb_inds]), actions[mb_inds])
+                newvalue = agent.critic(obs[mb_inds]).squeeze(-1)
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                # Policy loss: the advantage-weighted log-likelihood
+                with torch.no_grad():
+                    raw_weights = torch.exp((mb_advantages / args.awr_beta).clamp(max=50.0))
+                    weights = raw_weights.clamp(max=args.awr_max_weight)
+                pg_loss = -(weights * newlogprob).mean()
+                with torch.no_grad():  # KL to the policy that collected, and the weights' ESS
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    approx_kls.append(
+                        rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean().item()
+                    )
+                    old_approx_kls.append((-logratio).mean().item())
+                    esss.append(rgpo_trl.effective_sample_size(weights).item())
+                    clipfracs.append((raw_weights > args.awr_max_weight).float().mean().item())
+                    weight_maxs.append(weights.max().item())
+
+                # Value loss
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                    v_clipped = b_values[mb_inds] + torch.clamp(
+                        newvalue - b_values[mb_inds], -args.vclip_coef, args.vclip_coef
+                    )
+                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
+                if not torch.isfinite(loss):
+                    sys.exit(f"error: non-finite loss at iteration {iteration}, epoch {epoch}: stopping")
+
+                optimizer.zero_grad()
+                loss.backward()
+                if args.max_grad_norm > 0:
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+                pg_losses.append(pg_loss.item())
+                v_losses.append(v_loss.item())
+        approx_kl = float(np.mean(approx_kls))
+
+        var_y = np.var(advantages + values)  # returns = advantages + values
+        explained_var = np.nan if var_y == 0 else 1 - np.var(advantages) / var_y
+
+        # record rewards for plotting purposes
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", np.mean(v_losses), global_step)
+        writer.add_scalar("losses/policy_loss", np.mean(pg_losses), global_step)
+        writer.add_scalar("losses/entropy", agent.entropy().item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", np.mean(old_approx_kls), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("awr/ess", np.mean(esss), global_step)
+        writer.add_scalar("awr/weight_clipfrac", np.mean(clipfracs), global_step)
+        writer.add_scalar("awr/weight_max", np.max(weight_maxs), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        print(f"iteration={iteration} global_step={global_step} approx_kl={approx_kl:.4f} SPS={sps}")
+
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        torch.save(agent.state_dict(), model_path)
+        print(f"model saved to {model_path}")
+    env.close()
+    writer.close()

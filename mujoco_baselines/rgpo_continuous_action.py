@@ -1,107 +1,232 @@
-"""RGPO (rejection-gated policy optimisation) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script holds
-its method's flags and update; the shared flags, rollout, GAE and logging are in
-mujoco_baselines/common.py)."""
+"""RGPO (rejection-gated policy optimisation) on a MuJoCo task: PPO's clipped ratio replaced by a smooth
+acceptance gate g(r) and an adaptive KL-to-old penalty. One file in CleanRL's structure; the loss, the gate
+and the KL controller are rgpo_trl's."""
 
-# The policy loss is rgpo_trl.rgpo_loss (the same code the TRL trainer uses), with a gate from
-# rgpo_trl.make_gate and the KL-to-old coefficient from rgpo_trl.make_kl_controller (adaptive by default).
-# ppo / rgpo / trpo / awr differ in their own flags, their loss and their update; what they share (the
-# other flags, the environment, rollout, GAE, metrics, checkpoints) is common.py's, imported as `common`
-# (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
-from __future__ import annotations
-
-import functools
+# docs: mujoco_baselines/README.md and docs/mujoco.md. The lab's runner of the same algorithm (checkpoints,
+# --compile, the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
+import copy
+import math
 import os
+import random
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
+import gymnasium as gym
+import mujoco
+import numpy as np
 import torch
+import torch.nn as nn
 import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 import rgpo_trl
-from mujoco_baselines import common
-from mujoco_baselines.common import Agent, MujocoEnv
-from rgpo_trl.cli import UsageError, run_main
-from rgpo_trl.core import PAPER_KL_DEFAULTS
 
 
-# the flags every script has: common.BaseArgs; --policy-lag & co: common.StaleSampleArgs
 @dataclass
-class Args(common.StaleSampleArgs):
+class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    decoupled: bool = False
-    """the decoupled objective for stale samples (Hilton et al., 2021): gate on the ratio to the proximal
-    policy pi_prox (the learner as the update starts), KL penalty to pi_prox, each sample weighted by
-    min(pi_prox / pi_behaviour, max_is_weight); the same as RGPO without it at --policy-lag 0
-    (with max_is_weight >= 1)"""
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for these small networks; CPU only)"""
+    save_model: bool = False
+    """whether to save the model into the `runs/{run_name}` folder"""
 
-    # RGPO specific (paper Sec. 5 and App. Implementation Details; Ablation A for the gates)
+    # Algorithm specific arguments
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (a MuJoCo task with Box actions; v4 and v5 ids)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_steps: int = 2048
+    """the number of steps to run in the environment per policy rollout (one environment)"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    vclip_coef: float = 0.2
+    """the value clipping coefficient (CleanRL's clip_coef clips the value too)"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping (<= 0 disables)"""
+    hidden_size: int = 256
+    """width of the two-layer tanh networks (the paper's 256; CleanRL's 64)"""
+
+    # RGPO specific (paper Sec. 5; Ablation A for the gates)
     gate: str = "sigmoid"
-    """acceptance gate: any name registered with rgpo_trl.register_gate (built in: sigmoid, clipped_linear,
+    """acceptance gate: a name registered with rgpo_trl.register_gate (built in: sigmoid, clipped_linear,
     temperature; is and ppo_clip as reference correspondences)"""
     gate_params: dict[str, float] = field(default_factory=dict)
-    """the gate's parameters as name value pairs, e.g. `--gate-params k 10` (sigmoid k, default 5;
-    clipped_linear c, default 2; temperature temperature, default 1; ppo_clip eps, default 0.2)"""
+    """the gate's parameters as name value pairs, e.g. `--gate-params k 10` (sigmoid k, default 5)"""
     kl_controller: str = "adaptive"
-    """rule for the KL-to-old coefficient after every iteration: adaptive (paper Eq. beta_update) | fixed"""
-    # the adaptive controller's defaults: the paper's values, rgpo_trl.core.PAPER_KL_DEFAULTS
-    kl_coef: float = PAPER_KL_DEFAULTS["kl_coef"]
+    """the KL-to-old coefficient beta after each iteration: adaptive (paper Eq. beta_update) or fixed"""
+    kl_coef: float = rgpo_trl.PAPER_KL_DEFAULTS["kl_coef"]
     """initial KL-to-old coefficient beta_0"""
-    kl_target: float = PAPER_KL_DEFAULTS["kl_target"]
+    kl_target: float = rgpo_trl.PAPER_KL_DEFAULTS["kl_target"]
     """target KL Delta"""
-    kl_coef_min: float = PAPER_KL_DEFAULTS["kl_coef_min"]
+    kl_coef_min: float = rgpo_trl.PAPER_KL_DEFAULTS["kl_coef_min"]
     """lower bound of beta"""
-    kl_coef_max: float = PAPER_KL_DEFAULTS["kl_coef_max"]
+    kl_coef_max: float = rgpo_trl.PAPER_KL_DEFAULTS["kl_coef_max"]
     """upper bound of beta"""
     kl_backstop: float = 0.1
-    """hard backstop: leave the epoch loop after an epoch when the iteration's mean KL so far exceeds this
-    (<= 0 disables)"""
+    """leave the epoch loop after an epoch when the iteration's mean KL so far exceeds this (<= 0 disables)"""
+
+    # Stale samples
+    policy_lag: int = 0
+    """collect iteration t's rollout with the actor of iteration t - L, as asynchronous actors that run L
+    updates behind the learner (the critic stays current); 0: on-policy"""
+    decoupled: bool = False
+    """the decoupled objective (Hilton et al., 2021): gate the ratio to the proximal policy pi_prox (the
+    learner as the update starts), each sample weighted by min(pi_prox / pi_behaviour, max_is_weight)"""
+    max_is_weight: float = 1.0
+    """truncation of the decoupled objective's importance weight (V-trace's rho-bar); > 0"""
+
+    # to be filled in runtime
+    batch_size: tyro.conf.Suppress[int] = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
 
 
-# --------------------------------------------------------------------------------------------- #
-# Method-specific part: the RGPO loss, from the library (never a copy).
-# --------------------------------------------------------------------------------------------- #
-def rgpo_policy_loss(newlogprob, oldlogprob, advantages, gate, kl_coef, weight=None):
-    """-mean(g(r) A) + beta * mean(r - 1 - log r) via rgpo_trl.rgpo_loss (with a `weight`, the decoupled form:
-    -mean(weight g(r) A) + ..., r = pi / pi_prox); its diagnostics are reduced once per epoch by
-    `rgpo_epoch_stats` instead of per mini-batch step."""
-    loss, _ = rgpo_trl.rgpo_loss(
-        newlogprob, oldlogprob, advantages, gate, kl_coef=kl_coef, weights=weight, diagnostics=False
-    )
-    return loss
+def mujoco_warning(message):
+    """MuJoCo's warnings, less the one on every load of gymnasium's v4 HalfCheetah and Ant (settotalmass)"""
+    if "settotalmass" not in message:
+        print(f"WARNING: {message}", file=sys.stderr)
 
 
-def rgpo_epoch_stats(newlogprobs, oldlogprobs, gate):
-    """Per-mini-batch stats of one epoch (kl to pi_old, ess with w = g'(r) r, gate_mean, weight_mean,
-    rejected_frac, ratio_max), from log-probs stacked as (mini-batches, samples): rgpo_trl.rgpo_diagnostics,
-    the values rgpo_loss reports for each mini-batch, in one vectorised reduction per epoch."""
-    d = rgpo_trl.rgpo_diagnostics(newlogprobs, oldlogprobs, gate, dim=-1)
-    return {
-        "kl": d["kl_old"],
-        "ess": d["ess"],
-        "gate_mean": d["gate_mean"],
-        "weight_mean": d["weight_mean"],
-        "rejected_frac": d["rejected_frac"],
-        "ratio_max": d["ratio_old_max"],
-    }
+mujoco.set_mju_user_warning(mujoco_warning)
 
 
-def minibatch_loss(
-    agent, mb_obs, mb_actions, mb_adv, mb_oldlogprob, mb_returns, mb_values, mb_weight, kl_coef, gate, args
-):
-    """RGPO's mini-batch loss (policy - entropy + value) and what the statistics need, for the eager step and
-    the --compile step alike."""
-    newlogprob = agent.log_prob(agent.actor_mean(mb_obs), mb_actions)
-    newvalue = agent.critic(mb_obs).squeeze(-1)
-    mb_adv = common.normalize_advantages(mb_adv, args)
-    pg_loss = rgpo_policy_loss(newlogprob, mb_oldlogprob, mb_adv, gate, kl_coef, mb_weight)
-    v_loss = common.value_loss(newvalue, mb_values, mb_returns, args)
-    loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
-    return loss, (newlogprob, pg_loss, v_loss)
+class RunningMeanStd:
+    """gymnasium's running mean / variance, updated one sample at a time."""
+
+    def __init__(self, shape=()):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4
+
+    def update(self, x):
+        delta, total = x - self.mean, self.count + 1.0
+        self.mean = self.mean + delta / total
+        self.var = (self.var * self.count + delta * delta * (self.count / total)) / total
+        self.count = total
 
 
-def main(args: Args) -> dict:
-    try:  # the gate and the KL controller check their own parameters, before anything is created
+class NormalizedEnv:
+    """One environment with gymnasium's NormalizeObservation (clipped to +-10) and NormalizeReward (clipped to
+    +-10) written out: explicit resets, so no autoreset transitions, and raw episode returns. Hand-written for
+    speed: results/benchmarks/env_wrappers.md."""
+
+    def __init__(self, env_id, gamma):
+        self.env = gym.make(env_id)
+        for what, space in (("action", self.env.action_space), ("observation", self.env.observation_space)):
+            if not isinstance(space, gym.spaces.Box):
+                raise ValueError(f"env_id {env_id!r} has a {type(space).__name__} {what} space; need Box")
+        self.obs_dim, self.act_dim = self.env.observation_space.shape[0], self.env.action_space.shape[0]
+        self.low, self.high, self.gamma = self.env.action_space.low, self.env.action_space.high, gamma
+        self.obs_rms, self.ret_rms = RunningMeanStd((self.obs_dim,)), RunningMeanStd()
+        self.discounted, self.ep_return, self.ep_length = 0.0, 0.0, 0
+
+    def normalize(self, obs):
+        obs = np.asarray(obs, np.float64)
+        self.obs_rms.update(obs)
+        return np.clip((obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8), -10.0, 10.0)
+
+    def reset(self, seed):
+        obs, _ = self.env.reset(seed=seed)
+        self.env.action_space.seed(seed)
+        return self.normalize(obs)
+
+    def step(self, action):
+        """-> (normalised next obs, scaled reward, done, the finished episode's (return, length) or None)"""
+        obs, reward, terminated, truncated, _ = self.env.step(np.clip(action, self.low, self.high))
+        self.ep_return, self.ep_length = self.ep_return + float(reward), self.ep_length + 1
+        self.discounted = self.discounted * self.gamma * (1.0 - float(terminated)) + float(reward)
+        self.ret_rms.update(self.discounted)
+        reward = min(max(float(reward) / math.sqrt(self.ret_rms.var + 1e-8), -10.0), 10.0)
+        episode = None
+        if terminated or truncated:
+            episode, self.ep_return, self.ep_length = (self.ep_return, self.ep_length), 0.0, 0
+            obs, _ = self.env.reset()
+        return self.normalize(obs), reward, terminated or truncated, episode
+
+    def close(self):
+        self.env.close()
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, act_dim, hidden):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, act_dim), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(act_dim))
+
+    def policy_parameters(self):
+        return [*self.actor_mean.parameters(), self.actor_logstd]
+
+    def log_prob(self, mean, action):
+        """the diagonal Gaussian's log-density of `action`, summed over action dimensions"""
+        z = (action - mean) * torch.exp(-self.actor_logstd)
+        return -0.5 * (z * z).sum(-1) - (
+            self.actor_logstd.sum() + 0.5 * mean.shape[-1] * math.log(2 * math.pi)
+        )
+
+    def entropy(self):
+        return self.actor_logstd.sum() + 0.5 * self.actor_logstd.numel() * (1.0 + math.log(2 * math.pi))
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args, description=__doc__)
+    args.batch_size = args.num_steps
+    args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    try:  # a bad input stops here, in one line naming the field, before anything is written
+        if args.num_iterations < 1:
+            raise ValueError(
+                f"total_timesteps must be >= num_steps ({args.num_steps}), got {args.total_timesteps}"
+            )
+        if args.num_minibatches < 1 or args.batch_size % args.num_minibatches:
+            raise ValueError(
+                f"num_minibatches must divide num_steps ({args.num_steps}), got {args.num_minibatches}"
+            )
+        if args.policy_lag < 0:
+            raise ValueError(f"policy_lag must be an integer >= 0 (0: on-policy), got {args.policy_lag}")
+        if not args.max_is_weight > 0:
+            raise ValueError(f"max_is_weight must be > 0, got {args.max_is_weight}")
         gate = rgpo_trl.make_gate(args.gate, **args.gate_params)
         kl_ctl = rgpo_trl.make_kl_controller(
             args.kl_controller,
@@ -110,79 +235,191 @@ def main(args: Args) -> dict:
             kl_coef_min=args.kl_coef_min,
             kl_coef_max=args.kl_coef_max,
         )
+        env = NormalizedEnv(args.env_id, args.gamma)
+    except gym.error.Error as err:
+        sys.exit(f"error: env_id: {err}")
     except ValueError as err:
-        raise UsageError(str(err)) from None
-    # input checks, run directory, config.json, TensorBoard, the checkpoint if resuming, then the seeding
-    run = common.TrainingRun(args, TB_KEYS)
-    env = MujocoEnv(args)
-    agent = Agent(env.obs_dim, env.act_dim, args)
-    # the actor that collects: L iterations behind the learner (--policy-lag)
-    staleness = common.PolicyLag(agent, args.policy_lag)
-    # Adam and the mini-batch step: eager, or with --compile the same step as one compiled function (chosen
-    # here, once)
-    loss_fn = functools.partial(minibatch_loss, gate=gate, args=args)
-    update = common.UpdateStep(agent, agent.parameters(), loss_fn, args, tracked=agent.policy_parameters())
-    rollout = common.Rollout(args, env, agent, fast=args.compile, actor=staleness.actor)
-    lagged = {"policy_lag": staleness} if args.policy_lag > 0 else {}
-    run.restore(rollout, agent=agent, optimizer=update.optimizer, env=env, **lagged, kl_controller=kl_ctl)
-    with run:
-        for iteration in run.iterations():
-            # ---- rollout, by the actor of iteration - policy_lag, and advantages: GAE (numpy, float64)
-            batch = common.collect_batch(
-                iteration, rollout, update.optimizer, args, run.writer, lag=staleness
-            )
-            # ---- stale samples: the ratio's anchor is the behaviour policy, or with --decoupled the proximal
-            # policy (the learner now) with the truncated weight pi_prox / pi_behaviour
-            anchor = staleness.anchor(batch, args.decoupled, args.max_is_weight)
-            start = common.start_of_update_stats(anchor)  # what the gate sees before the first epoch
-            if anchor.start_logprobs is not None:
-                gate_start = rgpo_trl.rgpo_diagnostics(anchor.start_logprobs, anchor.logprobs, gate)
-                start.update(
-                    start_rejected_frac=float(gate_start["rejected_frac"]),
-                    start_gate_mean=float(gate_start["gate_mean"]),
+        sys.exit(f"error: {err}")
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
+    )
+
+    # seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+
+    agent = Agent(env.obs_dim, env.act_dim, args.hidden_size)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # --policy-lag L: the actor that collects holds the policy weights of L iterations before (a ring of them)
+    actor = copy.deepcopy(agent) if args.policy_lag > 0 else agent
+    past_policies = deque(maxlen=args.policy_lag + 1)
+
+    # storage: one environment; rewards, dones and GAE in float64
+    obs = torch.zeros((args.num_steps, env.obs_dim))
+    actions = torch.zeros((args.num_steps, env.act_dim))
+    rewards = np.zeros(args.num_steps)
+    dones = np.zeros(args.num_steps)
+
+    # start the game
+    global_step = 0
+    start_time = time.time()
+    next_obs, next_done = env.reset(seed=args.seed), False
+
+    for iteration in range(1, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        if args.policy_lag > 0:  # remember the learner's policy, act with the one of L iterations before
+            past_policies.append([p.detach().clone() for p in agent.policy_parameters()])
+            with torch.no_grad():
+                for p, past in zip(actor.policy_parameters(), past_policies[0], strict=True):
+                    p.copy_(past)
+
+        # rollout: the exploration noise is drawn for the whole rollout at once, the policy mean step by step
+        noise = torch.randn((args.num_steps, env.act_dim))
+        with torch.no_grad():
+            scaled_noise = torch.exp(actor.actor_logstd) * noise
+            for step in range(args.num_steps):
+                global_step += 1
+                obs[step] = torch.as_tensor(next_obs)
+                dones[step] = next_done
+                action = actor.actor_mean(obs[step]) + scaled_noise[step]
+                actions[step] = action
+                next_obs, rewards[step], next_done, episode = env.step(action.numpy())
+                if episode is not None:
+                    writer.add_scalar("charts/episodic_return", episode[0], global_step)
+                    writer.add_scalar("charts/episodic_length", episode[1], global_step)
+            # values (the current critic) and the behaviour policy's log-probs, for the whole rollout
+            b_values = agent.critic(obs).squeeze(-1)
+            next_value = float(agent.critic(torch.as_tensor(next_obs, dtype=torch.float32)))
+            b_logprobs = actor.log_prob(actor.actor_mean(obs), actions)
+
+        # bootstrap value if not done; GAE in float64
+        values = b_values.numpy().astype(np.float64)
+        advantages = np.zeros(args.num_steps)
+        lastgaelam = 0.0
+        for t in reversed(range(args.num_steps)):
+            if t == args.num_steps - 1:
+                nextnonterminal, nextvalues = 1.0 - next_done, next_value
+            else:
+                nextnonterminal, nextvalues = 1.0 - dones[t + 1], values[t + 1]
+            delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+            advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+        b_advantages = torch.as_tensor(advantages, dtype=torch.float32)
+        b_returns = torch.as_tensor(advantages + values, dtype=torch.float32)
+
+        # the ratio's anchor: the behaviour policy, or with --decoupled the proximal one with the truncated
+        # weight min(pi_prox / pi_behaviour, max_is_weight)
+        b_oldlogprobs, b_weights = b_logprobs, None
+        if args.policy_lag > 0 or args.decoupled:
+            with torch.no_grad():
+                prox_logprobs = agent.log_prob(agent.actor_mean(obs), actions)
+            log_r = prox_logprobs.double() - b_logprobs.double()
+            writer.add_scalar("stale/behaviour_kl", float((torch.expm1(log_r) - log_r).mean()), global_step)
+            if args.decoupled:
+                b_oldlogprobs = prox_logprobs
+                b_weights = (prox_logprobs - b_logprobs).exp().clamp(max=args.max_is_weight)
+
+        # Optimizing the policy and value network
+        beta = float(kl_ctl.kl_coef)  # this iteration's KL-to-old coefficient
+        pg_losses, v_losses, old_approx_kls, approx_kls, gate_means, rejected_fracs, esss = (
+            [] for _ in range(7)
+        )
+        for epoch in range(args.update_epochs):
+            epoch_inds = torch.randperm(args.batch_size).split(args.minibatch_size)
+            newlogprobs = []
+            for mb_inds in epoch_inds:
+                newlogprob = agent.log_prob(agent.actor_mean(obs[mb_inds]), actions[mb_inds])
+                newvalue = agent.critic(obs[mb_inds]).squeeze(-1)
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                # Policy loss: -mean(w g(r) A) + beta * mean(r - 1 - log r), r = pi / pi_old (the library's)
+                mb_weights = None if b_weights is None else b_weights[mb_inds]
+                pg_loss, _ = rgpo_trl.rgpo_loss(
+                    newlogprob,
+                    b_oldlogprobs[mb_inds],
+                    mb_advantages,
+                    gate,
+                    kl_coef=beta,
+                    weights=mb_weights,
+                    diagnostics=False,
                 )
 
-            # ---- update: the gated loss with the adaptive KL-to-old penalty, stopped by the KL backstop
-            beta = update.scalar(kl_ctl.kl_coef)  # this iteration's KL-to-old coefficient
-            update_start = time.perf_counter()
-            update.begin_iteration()
-            stats, losses, epochs_run, backstop = common.MinibatchStats(), common.MinibatchStats(), 0, False
-            for epoch, idxs in enumerate(common.epoch_indices(args)):
-                batches = batch.minibatches(idxs, anchor.logprobs, anchor.weight, shared=(beta,))
-                newlogprobs = update.epoch(batches, iteration, epoch, losses)
-                # per-mini-batch stats of this epoch (the log-probs each mini-batch's loss saw)
-                stats.add(**rgpo_epoch_stats(newlogprobs, anchor.logprobs[torch.stack(idxs)], gate))
-                epochs_run += 1
-                backstop = args.kl_backstop > 0 and stats.mean("kl") > args.kl_backstop
-                if backstop:
-                    break
-            update_time = time.perf_counter() - update_start
-            kl_final = common.final_kl(agent, batch, anchor.logprobs)
+                # Value loss
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                    v_clipped = b_values[mb_inds] + torch.clamp(
+                        newvalue - b_values[mb_inds], -args.vclip_coef, args.vclip_coef
+                    )
+                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
 
-            # ---- logging, and the next iteration's KL-to-old coefficient (paper Eq. beta_update, adaptive)
-            grad_var = update.grad_var(len(stats))
-            row = run.iteration_metrics(
-                iteration,
-                batch,
-                common.UpdateSummary(stats, losses, epochs_run, kl_final, grad_var, update_time),
+                loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
+                if not torch.isfinite(loss):
+                    sys.exit(f"error: non-finite loss at iteration {iteration}, epoch {epoch}: stopping")
+
+                optimizer.zero_grad()
+                loss.backward()
+                if args.max_grad_norm > 0:
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+                newlogprobs.append(newlogprob.detach())
+                pg_losses.append(pg_loss.item())
+                v_losses.append(v_loss.item())
+                old_approx_kls.append((b_oldlogprobs[mb_inds] - newlogprobs[-1]).mean().item())
+
+            # the epoch's statistics per mini-batch, from the log-probs each mini-batch's loss saw
+            d = rgpo_trl.rgpo_diagnostics(
+                torch.stack(newlogprobs), b_oldlogprobs[torch.stack(epoch_inds)], gate, dim=-1
             )
-            kl_coef_used = kl_ctl.kl_coef
-            kl_ctl.update(row["kl"])  # from this iteration's mean KL
-            row.update(kl_coef=kl_coef_used, kl_coef_next=kl_ctl.kl_coef, backstop=int(backstop))
-            row.update(anchor.stats)
-            row.update(start)
-            run.log(iteration, row)
-        return run.finish()
+            approx_kls += d["kl_old"].tolist()
+            gate_means += d["gate_mean"].tolist()
+            rejected_fracs += d["rejected_frac"].tolist()
+            esss += d["ess"].tolist()
+            backstop = args.kl_backstop > 0 and np.mean(approx_kls) > args.kl_backstop
+            if backstop:
+                break
 
+        # the next iteration's beta, from this iteration's mean KL to pi_old (paper Eq. beta_update)
+        approx_kl = float(np.mean(approx_kls))
+        kl_ctl.update(approx_kl)
 
-TB_KEYS = {  # TensorBoard's names of RGPO's own metrics, beside common.TB_KEYS
-    "kl_coef": "rgpo/kl_coef",
-    "gate_mean": "rgpo/gate_mean",
-    "weight_mean": "rgpo/weight_mean",
-    "rejected_frac": "rgpo/rejected_frac",
-    "ratio_max": "rgpo/ratio_max",
-}
+        var_y = np.var(advantages + values)  # returns = advantages + values
+        explained_var = np.nan if var_y == 0 else 1 - np.var(advantages) / var_y
 
+        # record rewards for plotting purposes
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", np.mean(v_losses), global_step)
+        writer.add_scalar("losses/policy_loss", np.mean(pg_losses), global_step)
+        writer.add_scalar("losses/entropy", agent.entropy().item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", np.mean(old_approx_kls), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("rgpo/kl_coef", beta, global_step)
+        writer.add_scalar("rgpo/gate_mean", np.mean(gate_means), global_step)
+        writer.add_scalar("rgpo/rejected_frac", np.mean(rejected_fracs), global_step)
+        writer.add_scalar("rgpo/ess", np.mean(esss), global_step)
+        writer.add_scalar("rgpo/epochs", epoch + 1, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        print(
+            f"iteration={iteration} global_step={global_step} approx_kl={approx_kl:.4f} beta={beta} SPS={sps}"
+        )
 
-if __name__ == "__main__":
-    sys.exit(run_main(lambda: main(tyro.cli(Args, description=__doc__)), errors=common.SCRIPT_ERRORS))
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        torch.save(agent.state_dict(), model_path)
+        print(f"model saved to {model_path}")
+    env.close()
+    writer.close()

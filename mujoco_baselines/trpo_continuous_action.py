@@ -1,46 +1,78 @@
-"""TRPO (natural gradient with a KL line search) on a MuJoCo task (rgpo-trl's MuJoCo baselines: each script
-holds its method's flags and update; the shared flags, rollout, GAE and logging are in
-mujoco_baselines/common.py)."""
+"""TRPO on a MuJoCo task, a baseline of the RGPO scripts: one natural-gradient policy step per rollout
+(conjugate gradient on the Fisher-vector products of the closed-form Gaussian KL, then a backtracking line
+search that enforces KL <= max_kl), then value-only Adam epochs. One file in CleanRL's structure."""
 
-# One constrained policy step per rollout (natural gradient: 10 conjugate-gradient iterations on the
-# Fisher-vector product of the closed-form Gaussian KL, then a KL-enforcing backtracking line search), then
-# value-only Adam epochs.
-# ppo / rgpo / trpo / awr differ in their own flags, their loss and their update; what they share (the
-# other flags, the environment, rollout, GAE, metrics, checkpoints) is common.py's, imported as `common`
-# (see mujoco_baselines/README.md). Structure follows CleanRL's ppo_continuous_action.py.
-from __future__ import annotations
-
-import functools
+# docs: mujoco_baselines/README.md and docs/mujoco.md. The lab's runner of the same algorithm (checkpoints,
+# --compile, the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
 import math
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
 
+import gymnasium as gym
+import mujoco
+import numpy as np
 import torch
+import torch.nn as nn
 import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 import rgpo_trl
-from mujoco_baselines import common
-from mujoco_baselines.common import Agent, MujocoEnv
-from mujoco_baselines.compiled_update import gauss_newton_fvp
-from rgpo_trl.cli import run_main
 
 
-# the flags every script has: common.BaseArgs
 @dataclass
-class Args(common.BaseArgs):
+class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    compile: bool = False
-    """the fast path: each value mini-batch update as one torch.compile'd function (compiled_update.py; needs
-    a C++ compiler), the Fisher-vector products in closed form (gauss_newton_fvp) and the rollout's policy
-    mean in numpy: the same algorithm, float rounding differs; see results/benchmarks/mujoco_compile.md for
-    speed and equivalence"""
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for these small networks; CPU only)"""
+    save_model: bool = False
+    """whether to save the model into the `runs/{run_name}` folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (a MuJoCo task with Box actions; v4 and v5 ids)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_steps: int = 2048
+    """the number of steps to run in the environment per policy rollout (one environment)"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    vclip_coef: float = 0.2
+    """the value clipping coefficient (CleanRL's clip_coef clips the value too)"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping of the value steps (<= 0 disables)"""
+    hidden_size: int = 256
+    """width of the two-layer tanh networks (the paper's 256; CleanRL's 64)"""
 
     # TRPO specific
     max_kl: float = 0.01
-    """trust-region size delta: the accepted step satisfies KL(pi_old || pi_new) <= delta (closed form,
-    mean over the rollout's states)"""
+    """trust-region size delta: the accepted step satisfies KL(pi_old || pi_new) <= delta (closed form, mean
+    over the rollout's states)"""
     cg_iters: int = 10
     """conjugate-gradient iterations"""
     cg_damping: float = 0.1
@@ -50,17 +82,117 @@ class Args(common.BaseArgs):
     backtrack_coef: float = 0.5
     """line-search shrink factor"""
 
+    # to be filled in runtime
+    batch_size: tyro.conf.Suppress[int] = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
 
-# --------------------------------------------------------------------------------------------- #
-# Method-specific part: the TRPO step.
-# --------------------------------------------------------------------------------------------- #
-def trpo_policy_loss(newlogprob, oldlogprob, advantages):
-    """Importance-sampled surrogate loss -mean(r A) (minimised)."""
-    return -(torch.exp(newlogprob - oldlogprob) * advantages).mean()
+
+def mujoco_warning(message):
+    """MuJoCo's warnings, less the one on every load of gymnasium's v4 HalfCheetah and Ant (settotalmass)"""
+    if "settotalmass" not in message:
+        print(f"WARNING: {message}", file=sys.stderr)
+
+
+mujoco.set_mju_user_warning(mujoco_warning)
+
+
+class RunningMeanStd:
+    """gymnasium's running mean / variance, updated one sample at a time."""
+
+    def __init__(self, shape=()):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4
+
+    def update(self, x):
+        delta, total = x - self.mean, self.count + 1.0
+        self.mean = self.mean + delta / total
+        self.var = (self.var * self.count + delta * delta * (self.count / total)) / total
+        self.count = total
+
+
+class NormalizedEnv:
+    """One environment with gymnasium's NormalizeObservation (clipped to +-10) and NormalizeReward (clipped to
+    +-10) written out: explicit resets, so no autoreset transitions, and raw episode returns. Hand-written for
+    speed: results/benchmarks/env_wrappers.md."""
+
+    def __init__(self, env_id, gamma):
+        self.env = gym.make(env_id)
+        for what, space in (("action", self.env.action_space), ("observation", self.env.observation_space)):
+            if not isinstance(space, gym.spaces.Box):
+                raise ValueError(f"env_id {env_id!r} has a {type(space).__name__} {what} space; need Box")
+        self.obs_dim, self.act_dim = self.env.observation_space.shape[0], self.env.action_space.shape[0]
+        self.low, self.high, self.gamma = self.env.action_space.low, self.env.action_space.high, gamma
+        self.obs_rms, self.ret_rms = RunningMeanStd((self.obs_dim,)), RunningMeanStd()
+        self.discounted, self.ep_return, self.ep_length = 0.0, 0.0, 0
+
+    def normalize(self, obs):
+        obs = np.asarray(obs, np.float64)
+        self.obs_rms.update(obs)
+        return np.clip((obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8), -10.0, 10.0)
+
+    def reset(self, seed):
+        obs, _ = self.env.reset(seed=seed)
+        self.env.action_space.seed(seed)
+        return self.normalize(obs)
+
+    def step(self, action):
+        """-> (normalised next obs, scaled reward, done, the finished episode's (return, length) or None)"""
+        obs, reward, terminated, truncated, _ = self.env.step(np.clip(action, self.low, self.high))
+        self.ep_return, self.ep_length = self.ep_return + float(reward), self.ep_length + 1
+        self.discounted = self.discounted * self.gamma * (1.0 - float(terminated)) + float(reward)
+        self.ret_rms.update(self.discounted)
+        reward = min(max(float(reward) / math.sqrt(self.ret_rms.var + 1e-8), -10.0), 10.0)
+        episode = None
+        if terminated or truncated:
+            episode, self.ep_return, self.ep_length = (self.ep_return, self.ep_length), 0.0, 0
+            obs, _ = self.env.reset()
+        return self.normalize(obs), reward, terminated or truncated, episode
+
+    def close(self):
+        self.env.close()
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, act_dim, hidden):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, act_dim), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(act_dim))
+
+    def policy_parameters(self):
+        return [*self.actor_mean.parameters(), self.actor_logstd]
+
+    def log_prob(self, mean, action):
+        """the diagonal Gaussian's log-density of `action`, summed over action dimensions"""
+        z = (action - mean) * torch.exp(-self.actor_logstd)
+        return -0.5 * (z * z).sum(-1) - (
+            self.actor_logstd.sum() + 0.5 * mean.shape[-1] * math.log(2 * math.pi)
+        )
+
+    def entropy(self):
+        return self.actor_logstd.sum() + 0.5 * self.actor_logstd.numel() * (1.0 + math.log(2 * math.pi))
 
 
 def gaussian_kl(old_mean, old_logstd, new_mean, new_logstd):
-    """Closed-form KL(N_old || N_new) per state, summed over action dims."""
+    """closed-form KL(N_old || N_new) per state, summed over action dimensions"""
     var_ratio = torch.exp(2 * (old_logstd - new_logstd))
     t = ((old_mean - new_mean) * torch.exp(-new_logstd)) ** 2
     return (new_logstd - old_logstd + 0.5 * (var_ratio + t) - 0.5).sum(-1)
@@ -77,13 +209,9 @@ def set_flat_(params, vector):
         i += p.numel()
 
 
-def fisher_vector_product(agent, obs, kl, params, damping):
-    """v -> (H + damping I) v, H the Hessian of `kl` (the mean KL to pi_old at pi_old: the Fisher
-    information).
-
-    The KL gradient's graph is built once and each product differentiates through it again: the same products
-    bit for bit as rebuilding it per product, with one backward per CG iteration instead of a forward and two
-    backwards (speed: results/benchmarks/trpo_fvp.md)."""
+def fisher_vector_product(kl, params, damping):
+    """v -> (F + damping I) v, F the Hessian of the mean KL `kl` at pi_old (the Fisher information): the KL
+    gradient's graph is built once and differentiated again for each product"""
     kl_grad = flat(torch.autograd.grad(kl, params, create_graph=True))
 
     def fvp(v):
@@ -109,17 +237,17 @@ def conjugate_gradient(fvp, b, iters, tol=1e-10):
     return x
 
 
-def trpo_step(agent, params, obs, actions, oldlogprob, advantages, args, make_fvp=fisher_vector_product):
-    """One natural-gradient step with a backtracking line search that enforces KL <= max_kl.
-
-    One forward of the policy per evaluation gives both the surrogate and the KL. Returns (surrogate loss
-    before the step, closed-form KL of the accepted step, accepted step fraction (0 = rejected), line-search
-    evaluations, log-probs of `actions` under the resulting policy)."""
+def trpo_step(agent, obs, actions, oldlogprob, advantages, args):
+    """One natural-gradient step with a backtracking line search that enforces KL <= max_kl. Returns (the
+    surrogate loss before the step, the accepted step's KL, its fraction of the full step (0: rejected), the
+    line-search evaluations, the log-probs of `actions` under the resulting policy); KL None: a non-finite
+    loss."""
+    params = agent.policy_parameters()
     old_logstd = agent.actor_logstd.detach().clone()
 
-    def surrogate_and_kl(mean):
+    def surrogate_and_kl(mean):  # one forward of the policy gives both
         logp = agent.log_prob(mean, actions)
-        loss = trpo_policy_loss(logp, oldlogprob, advantages) - args.ent_coef * agent.entropy()
+        loss = -(torch.exp(logp - oldlogprob) * advantages).mean() - args.ent_coef * agent.entropy()
         return logp, loss, gaussian_kl(old_mean, old_logstd, mean, agent.actor_logstd).mean()
 
     mean = agent.actor_mean(obs)
@@ -128,8 +256,8 @@ def trpo_step(agent, params, obs, actions, oldlogprob, advantages, args, make_fv
     logp = logp.detach()
     if not torch.isfinite(loss):
         return loss, None, None, None, logp
-    grad = flat(torch.autograd.grad(loss, params, retain_graph=True))  # the autograd products reuse the graph
-    fvp = make_fvp(agent, obs, kl, params, args.cg_damping)
+    grad = flat(torch.autograd.grad(loss, params, retain_graph=True))
+    fvp = fisher_vector_product(kl, params, args.cg_damping)
     step_dir = conjugate_gradient(fvp, -grad, args.cg_iters)
     shs = 0.5 * step_dir.dot(fvp(step_dir))
     del fvp, kl, mean  # frees the KL graph before the line search
@@ -150,87 +278,160 @@ def trpo_step(agent, params, obs, actions, oldlogprob, advantages, args, make_fv
     return loss.detach(), 0.0, 0.0, args.backtrack_iters, logp
 
 
-def gradient_variance_at_old(agent, params, batch, idxs, args) -> float:
-    """The gradient variance (same definition as ppo/rgpo/awr): the policy loss gradient on each mini-batch of
-    ``idxs`` (advantages normalised per mini-batch), here at pi_old before the step."""
-    g_sum, g_sqsum = torch.zeros(sum(p.numel() for p in params)), 0.0
-    for idx in idxs:
-        mb_adv = common.normalize_advantages(batch.advantages[idx], args)
-        newlogprob = agent.log_prob(agent.actor_mean(batch.obs[idx]), batch.actions[idx])
-        mb_loss = trpo_policy_loss(newlogprob, batch.logprobs[idx], mb_adv) - args.ent_coef * agent.entropy()
-        g = flat(torch.autograd.grad(mb_loss, params))
-        g_sum += g
-        g_sqsum += float(g.dot(g))
-    return common.gradient_variance(g_sum, g_sqsum, len(idxs), len(g_sum))
-
-
-def value_minibatch_loss(agent, mb_obs, mb_returns, mb_values, args):
-    """The value loss of one mini-batch (the value-only epochs after the policy step), for the eager step and
-    the --compile step alike."""
-    v_loss = common.value_loss(agent.critic(mb_obs).squeeze(-1), mb_values, mb_returns, args)
-    return args.vf_coef * v_loss, v_loss
-
-
-def main(args: Args) -> dict:
-    # input checks, run directory, config.json, TensorBoard, the checkpoint if resuming, then the seeding
-    run = common.TrainingRun(args)
-    env = MujocoEnv(args)
-    agent = Agent(env.obs_dim, env.act_dim, args)
-    policy_params = agent.policy_parameters()
-    # chosen here, once: the Fisher-vector products (autograd, or --compile's closed form) and the value step
-    # (eager, or --compile's compiled function) with its Adam, value-only: the policy moves by the TRPO step
-    make_fvp = gauss_newton_fvp if args.compile else fisher_vector_product
-    value_loss_fn = functools.partial(value_minibatch_loss, args=args)
-    update = common.UpdateStep(agent, agent.critic.parameters(), value_loss_fn, args)
-    rollout = common.Rollout(args, env, agent, fast=args.compile)
-    run.restore(rollout, agent=agent, optimizer=update.optimizer, env=env)
-    T, mb = args.num_steps, args.minibatch_size
-    with run:
-        for iteration in run.iterations():
-            # ---- rollout and advantages: GAE (numpy, float64)
-            batch = common.collect_batch(iteration, rollout, update.optimizer, args, run.writer)
-
-            # ---- update: one TRPO policy step on the whole rollout, then value-only epochs
-            update_start = time.perf_counter()
-            adv = common.normalize_advantages(batch.advantages, args)
-            perm_idxs = torch.randperm(T).split(mb)  # the mini-batches of the gradient variance and the stats
-            grad_var = gradient_variance_at_old(agent, policy_params, batch, perm_idxs, args)
-            pg_loss, trpo_kl, step_frac, ls_evals, new_logprob = trpo_step(
-                agent, policy_params, batch.obs, batch.actions, batch.logprobs, adv, args, make_fvp
-            )
-            if trpo_kl is None:
-                raise common.NonFiniteLossError(
-                    f"non-finite loss at iteration {iteration} (TRPO surrogate): "
-                    f"policy_loss={pg_loss.item()}; stopping instead of training on garbage"
-                )
-            # KL to pi_old / ESS of the accepted step, per mini-batch (definitions in docs/mujoco.md, w = r)
-            with torch.no_grad():
-                logratio = new_logprob - batch.logprobs
-                stats = common.MinibatchStats()
-                for idx in perm_idxs:
-                    lr_mb = logratio[idx]
-                    stats.add(
-                        kl=rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(lr_mb)).mean(),
-                        ess=rgpo_trl.effective_sample_size(lr_mb.exp()),
-                        trpo_kl=torch.tensor(trpo_kl),
-                        step_frac=torch.tensor(step_frac),
-                        linesearch_evals=torch.tensor(float(ls_evals)),
-                    )
-            losses = common.MinibatchStats()
-            update.begin_iteration(policy_loss=pg_loss)  # for the non-finite-loss message of the value steps
-            for epoch, idxs in enumerate(common.epoch_indices(args)):
-                value_batches = common.minibatches(idxs, batch.obs, batch.returns, batch.values)
-                for _loss, v_loss in update.steps(value_batches, iteration, epoch):
-                    losses.add(policy_loss=pg_loss, value_loss=v_loss.detach())
-            update_time = time.perf_counter() - update_start
-            # the final policy's KL to pi_old over the whole batch (the value epochs leave the policy)
-            kl_final = common.mean_kl_to_old(logratio)
-
-            # ---- logging
-            summary = common.UpdateSummary(stats, losses, args.update_epochs, kl_final, grad_var, update_time)
-            run.log(iteration, run.iteration_metrics(iteration, batch, summary))
-        return run.finish()
-
-
 if __name__ == "__main__":
-    sys.exit(run_main(lambda: main(tyro.cli(Args, description=__doc__)), errors=common.SCRIPT_ERRORS))
+    args = tyro.cli(Args, description=__doc__)
+    args.batch_size = args.num_steps
+    args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    try:  # a bad input stops here, in one line naming the field, before anything is written
+        if args.num_iterations < 1:
+            raise ValueError(
+                f"total_timesteps must be >= num_steps ({args.num_steps}), got {args.total_timesteps}"
+            )
+        if args.num_minibatches < 1 or args.batch_size % args.num_minibatches:
+            raise ValueError(
+                f"num_minibatches must divide num_steps ({args.num_steps}), got {args.num_minibatches}"
+            )
+        env = NormalizedEnv(args.env_id, args.gamma)
+    except gym.error.Error as err:
+        sys.exit(f"error: env_id: {err}")
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
+    )
+
+    # seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+
+    agent = Agent(env.obs_dim, env.act_dim, args.hidden_size)
+    optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.learning_rate, eps=1e-5)  # the value's
+
+    # storage: one environment; rewards, dones and GAE in float64
+    obs = torch.zeros((args.num_steps, env.obs_dim))
+    actions = torch.zeros((args.num_steps, env.act_dim))
+    rewards = np.zeros(args.num_steps)
+    dones = np.zeros(args.num_steps)
+
+    # start the game
+    global_step = 0
+    start_time = time.time()
+    next_obs, next_done = env.reset(seed=args.seed), False
+
+    for iteration in range(1, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # rollout: the exploration noise is drawn for the whole rollout at once, the policy mean step by step
+        noise = torch.randn((args.num_steps, env.act_dim))
+        with torch.no_grad():
+            scaled_noise = torch.exp(agent.actor_logstd) * noise
+            for step in range(args.num_steps):
+                global_step += 1
+                obs[step] = torch.as_tensor(next_obs)
+                dones[step] = next_done
+                action = agent.actor_mean(obs[step]) + scaled_noise[step]
+                actions[step] = action
+                next_obs, rewards[step], next_done, episode = env.step(action.numpy())
+                if episode is not None:
+                    writer.add_scalar("charts/episodic_return", episode[0], global_step)
+                    writer.add_scalar("charts/episodic_length", episode[1], global_step)
+            # values and log-probs, for the whole rollout
+            b_values = agent.critic(obs).squeeze(-1)
+            next_value = float(agent.critic(torch.as_tensor(next_obs, dtype=torch.float32)))
+            b_logprobs = agent.log_prob(agent.actor_mean(obs), actions)
+
+        # bootstrap value if not done; GAE in float64
+        values = b_values.numpy().astype(np.float64)
+        advantages = np.zeros(args.num_steps)
+        lastgaelam = 0.0
+        for t in reversed(range(args.num_steps)):
+            if t == args.num_steps - 1:
+                nextnonterminal, nextvalues = 1.0 - next_done, next_value
+            else:
+                nextnonterminal, nextvalues = 1.0 - dones[t + 1], values[t + 1]
+            delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+            advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+        b_advantages = torch.as_tensor(advantages, dtype=torch.float32)
+        b_returns = torch.as_tensor(advantages + values, dtype=torch.float32)
+
+        # Optimizing the policy: one TRPO step on the whole rollout
+        b_adv = b_advantages
+        if args.norm_adv:
+            b_adv = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)
+        stat_inds = torch.randperm(args.batch_size).split(args.minibatch_size)  # the statistics' mini-batches
+        pg_loss, trpo_kl, step_frac, ls_evals, newlogprob = trpo_step(
+            agent, obs, actions, b_logprobs, b_adv, args
+        )
+        if trpo_kl is None:
+            sys.exit(f"error: non-finite loss at iteration {iteration} (TRPO surrogate): stopping")
+        with torch.no_grad():  # KL to pi_old and ESS of the accepted step, per mini-batch
+            logratio = newlogprob - b_logprobs
+            approx_kls = [
+                rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio[inds])).mean().item()
+                for inds in stat_inds
+            ]
+            esss = [rgpo_trl.effective_sample_size(logratio[inds].exp()).item() for inds in stat_inds]
+        approx_kl = float(np.mean(approx_kls))
+
+        # Optimizing the value network: update_epochs epochs of mini-batches
+        v_losses = []
+        for epoch in range(args.update_epochs):
+            for mb_inds in torch.randperm(args.batch_size).split(args.minibatch_size):
+                newvalue = agent.critic(obs[mb_inds]).squeeze(-1)
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                    v_clipped = b_values[mb_inds] + torch.clamp(
+                        newvalue - b_values[mb_inds], -args.vclip_coef, args.vclip_coef
+                    )
+                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                loss = args.vf_coef * v_loss
+                if not torch.isfinite(loss):
+                    sys.exit(
+                        f"error: non-finite value loss at iteration {iteration}, epoch {epoch}: stopping"
+                    )
+
+                optimizer.zero_grad()
+                loss.backward()
+                if args.max_grad_norm > 0:
+                    nn.utils.clip_grad_norm_(agent.critic.parameters(), args.max_grad_norm)
+                optimizer.step()
+                v_losses.append(v_loss.item())
+
+        var_y = np.var(advantages + values)  # returns = advantages + values
+        explained_var = np.nan if var_y == 0 else 1 - np.var(advantages) / var_y
+
+        # record rewards for plotting purposes
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", np.mean(v_losses), global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.add_scalar("losses/entropy", agent.entropy().item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", (-logratio).mean().item(), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("trpo/kl", trpo_kl, global_step)
+        writer.add_scalar("trpo/step_frac", step_frac, global_step)
+        writer.add_scalar("trpo/linesearch_evals", ls_evals, global_step)
+        writer.add_scalar("trpo/ess", np.mean(esss), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        print(f"iteration={iteration} global_step={global_step} approx_kl={approx_kl:.4f} SPS={sps}")
+
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        torch.save(agent.state_dict(), model_path)
+        print(f"model saved to {model_path}")
+    env.close()
+    writer.close()

@@ -4,16 +4,16 @@ apart from what users run (the library ``rgpo_trl``, the MuJoCo scripts, the rec
 The lab is not installed with the package (the wheel holds ``rgpo_trl`` and ``mujoco_baselines`` only): run it
 from the repository root of a checkout, ``cd <checkout> && python -m rgpo_lab.<module> ...``, or from
 elsewhere with ``PYTHONPATH=<checkout>``. Anywhere else Python answers ``No module named 'rgpo_lab'`` before
-any of the lab's code runs. The suites start the checkout's scripts by path (``recipes/hh_rlhf_qwen.py``,
-``mujoco_baselines/<method>_continuous_action.py``), so the package refuses to import, in one line naming the
-checkout root it expected, from a copy that lacks them."""
+any of the lab's code runs. The RLHF suites start the checkout's recipe by path (``recipes/hh_rlhf_qwen.py``;
+the MuJoCo grid runs the lab's own ``rgpo_lab.mujoco_runner``), so the package refuses to import, in one line
+naming the checkout root it expected, from a copy that lacks it."""
 
 from __future__ import annotations
 
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKOUT_FILES = ("recipes/hh_rlhf_qwen.py", "mujoco_baselines/ppo_continuous_action.py")
+CHECKOUT_FILES = ("recipes/hh_rlhf_qwen.py",)
 
 
 def missing_checkout_files(root: str = ROOT) -> list[str]:

@@ -106,26 +106,57 @@ CODE_PATH = (
     "rgpo_trl/core/objective.py",
     "rgpo_trl/core/kl_control.py",
 )
+# From issue 48 on, the code the suite's runs execute (mujoco_baselines/ at the suite commit) is the lab
+# runner, moved here with its code unchanged but for import paths; mujoco_baselines/ then holds the product's
+# single-file scripts, which the grid does not run. At such a commit the suite commit's
+# mujoco_baselines/<file> is compared with RUNNER/<file>.
+RUNNER = "rgpo_lab/mujoco_runner"
+OLD_PACKAGE, RUNNER_PACKAGE = "mujoco_baselines", "rgpo_lab.mujoco_runner"
 
 
-def _code_without_finish(commit: str, path: str) -> str | None:
-    """``path`` at ``commit`` as an AST dump without TrainingRun.finish (it only prints the closing line)."""
-    import ast
+def _git_show(commit: str, path: str) -> str | None:
     import subprocess
 
     shown = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{path}"], capture_output=True, text=True)
-    if shown.returncode != 0:
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def _code_without_finish(commit: str, path: str) -> str | None:
+    """``path`` at ``commit`` as an AST dump without TrainingRun.finish (it only prints the closing line) and
+    without docstrings (help texts), imports of the old package ``mujoco_baselines`` written as the runner's
+    ``rgpo_lab.mujoco_runner`` (its location from issue 48 on)."""
+    import ast
+
+    source = _git_show(commit, path)
+    if source is None:
         return None
-    tree = ast.parse(shown.stdout)
+    tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "TrainingRun":
             node.body = [n for n in node.body if not (isinstance(n, ast.FunctionDef) and n.name == "finish")]
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == OLD_PACKAGE:
+            node.module = RUNNER_PACKAGE + node.module[len(OLD_PACKAGE) :]
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == OLD_PACKAGE:
+                    alias.name = RUNNER_PACKAGE + alias.name[len(OLD_PACKAGE) :]
     return ast.dump(tree)
 
 
 def same_code_path(commit: str) -> bool | None:
     """Whether ``commit`` has the suite commit's scripts, loss, gates and controllers (CODE_PATH), compared
-    as syntax trees, TrainingRun.finish (the closing console line) left out; None where git cannot tell."""
+    as syntax trees, TrainingRun.finish (the closing console line) and docstrings left out; at a commit with
+    the lab runner (issue 48 on) the suite commit's mujoco_baselines/ is compared with the runner (RUNNER).
+    None where git cannot tell (an unknown commit, a file missing at ``commit``)."""
     import subprocess
 
     listed = subprocess.run(
@@ -135,8 +166,12 @@ def same_code_path(commit: str) -> bool | None:
     )
     if listed.returncode != 0 or commit == "unknown":
         return None
+    has_runner = _git_show(commit, f"{RUNNER}/common.py") is not None
     for path in (p for p in listed.stdout.split() if p.endswith(".py")):
-        mine, theirs = _code_without_finish(SUITE_COMMIT, path), _code_without_finish(commit, path)
+        theirs_path = path
+        if has_runner and path.startswith(OLD_PACKAGE + "/"):
+            theirs_path = RUNNER + path[len(OLD_PACKAGE) :]
+        mine, theirs = _code_without_finish(SUITE_COMMIT, path), _code_without_finish(commit, theirs_path)
         if theirs is None:
             return None
         if mine != theirs:

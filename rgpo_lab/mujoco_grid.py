@@ -6,13 +6,15 @@ resumed.
     python -m rgpo_lab.mujoco_grid --list                 # the suites and their runs
 
 Plays the role of CleanRL's ``cleanrl_utils/benchmark.py`` (whose wheel does not install on Python 3.11).
-Every run is a subprocess of one of the four scripts with one torch thread, writing to
+Every run is a subprocess of the lab runner (``python -m rgpo_lab.mujoco_runner <method>``, the same algorithm
+as the product's scripts in mujoco_baselines/, with checkpoints, resume and --compile) with one torch thread,
+writing to
 ``{results}/{suite}/{run}/``: config.json (resolved arguments, machine, package versions, git commit),
 metrics.csv (one row per iteration) and final.json (when finished). Checkpoints (every 10 iterations, deleted
 when the run ends) go outside the results, to ``{checkpoints}/{suite}/{run}/checkpoint.pt`` (default
 ``$RGPO_TRL_CACHE/grid_checkpoints``, else ``~/.cache/rgpo_trl/grid_checkpoints``), so results stay lean and a
 fresh checkout of the repository on the same machine still finds them. A run with final.json is skipped; any
-other run is started with ``--resume`` and continues from its checkpoint, exactly (see the scripts'
+other run is started with ``--resume`` and continues from its checkpoint, exactly (see the runner's
 checkpoint section), or from the start if there is none. Output of a
 run goes to its ``run.log``; a failed run is reported at the end (exit status 1) and retried next time.
 """
@@ -32,7 +34,6 @@ from dataclasses import dataclass, field, replace
 from rgpo_lab.job_queue import run_queue
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(ROOT, "mujoco_baselines")
 MUJOCO_ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
 MUJOCO_METHODS = ["ppo", "trpo", "awr", "rgpo"]  # the paper's table order
 # the compile_equiv suite's environments (read by rgpo_lab/benchmarks/compile_equivalence.py)
@@ -57,8 +58,11 @@ class GridRun:
         return f"{self.env_id}__{self.method}__{self.variant}__s{self.seed}__{self.total_timesteps // 1000}k"
 
     def command(self, output_dir: str, checkpoint_dir: str) -> list[str]:
-        script = os.path.join(SCRIPTS, f"{self.method}_continuous_action.py")
-        argv = [sys.executable, script, "--env-id", self.env_id, "--seed", str(self.seed)]
+        """The run's command line, started in the repository root (the lab runner is a module of the lab;
+        until issue 48 it was ``python mujoco_baselines/<method>_continuous_action.py``, the same code and
+        flags). A run with final.json is finished whatever command made it (`run_suites`)."""
+        argv = [sys.executable, "-m", "rgpo_lab.mujoco_runner", self.method]
+        argv += ["--env-id", self.env_id, "--seed", str(self.seed)]
         argv += ["--total-timesteps", str(self.total_timesteps), "--output-dir", output_dir]
         argv += ["--run-name", self.name, "--resume", "--checkpoint-dir", checkpoint_dir]
         return argv + ["--no-tensorboard", "--no-verbose", *self.flags]

@@ -1,5 +1,5 @@
-"""Test-only helpers for the MuJoCo tests: the scripts loaded as the modules they are, a short run's
-arguments and its metrics.csv."""
+"""Test-only helpers for the MuJoCo tests: the lab runner's methods loaded as the modules they are, a short
+run's arguments and its metrics.csv."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ needs_compiler = pytest.mark.skipif(
 
 
 def load(method):
-    """``mujoco_baselines/<method>_continuous_action.py``, imported as the module it is (the scripts are a
-    package installed with the project); every MuJoCo test module loads the scripts through this."""
-    return importlib.import_module(f"mujoco_baselines.{method}_continuous_action")
+    """The lab runner's ``<method>`` (``rgpo_lab.mujoco_runner.<method>_continuous_action``): every test of
+    the machinery (metrics.csv, resume, --compile, evaluation, the grid) loads the runner through this; the
+    product's single-file scripts (mujoco_baselines/) are tested by test_mujoco_scripts.py and
+    test_mujoco_script_vs_lab.py."""
+    return importlib.import_module(f"rgpo_lab.mujoco_runner.{method}_continuous_action")
 
 
 def small_args(module, tmp_path, run_name="run", **overrides):

@@ -6,9 +6,9 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# No sys.path edits: mujoco_baselines is a package installed with the project (the scripts import
-# `mujoco_baselines.common` and `.compiled_update`), and pytest puts tests/ itself on sys.path, so the test
-# modules import their shared helpers (_trainer_utils, _mujoco_utils) by name.
+# No sys.path edits: pyproject's `pythonpath = ["."]` puts the checkout first (the lab, rgpo_lab, with its
+# MuJoCo runner, is not installed), and pytest puts tests/ itself on sys.path, so the test modules import
+# their shared helpers (_trainer_utils, _mujoco_utils) by name.
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -1,5 +1,6 @@
 """What a person sees at the command line: one-line errors for bad inputs (no traceback, no run folder left),
-the MuJoCo scripts' description, rounding notice and closing line, and the demo's closing comparison."""
+the MuJoCo scripts' and the lab runner's description, the runner's rounding notice and closing line, and the
+demo's closing comparison."""
 
 from __future__ import annotations
 
@@ -23,39 +24,79 @@ def _run(args, cwd, env=ENV):
 
 
 @pytest.mark.parametrize(
-    "flags,needle",
+    "method,flags,needle",
     [
-        (["--env-id", "CartPole-v1"], "env_id 'CartPole-v1' has a Discrete action space"),
-        (["--env-id", "Hoper-v4"], "Did you mean: `Hopper`?"),
-        (["--gate", "nope"], "gate must be one of the registered gates"),
-        (["--policy-lag", "-1"], "policy_lag must be an integer >= 0"),
-        (["--total-timesteps", "100"], "total_timesteps must be >= num_steps (2048), got 100"),
+        ("rgpo", ["--env-id", "CartPole-v1"], "env_id 'CartPole-v1' has a Discrete action space"),
+        ("rgpo", ["--env-id", "Hoper-v4"], "Did you mean: `Hopper`?"),
+        ("rgpo", ["--gate", "nope"], "gate must be one of the registered gates"),
+        ("rgpo", ["--policy-lag", "-1"], "policy_lag must be an integer >= 0"),
+        ("rgpo", ["--total-timesteps", "100"], "total_timesteps must be >= num_steps (2048), got 100"),
+        ("ppo", ["--num-minibatches", "3"], "num_minibatches must divide num_steps (2048), got 3"),
+        ("ppo", ["--kl-target", "0.05"], "kl_target only take effect with --kl-penalty"),
+        ("awr", ["--env-id", "CartPole-v1"], "env_id 'CartPole-v1' has a Discrete action space"),
     ],
 )
-def test_mujoco_script_bad_input_is_one_line_and_leaves_no_run_folder(flags, needle, tmp_path):
+def test_mujoco_script_bad_input_is_one_line_and_leaves_no_run_folder(method, flags, needle, tmp_path):
+    """The product's scripts (mujoco_baselines/): a bad input ends the run in one line naming the field,
+    before runs/ is written."""
     pytest.importorskip("mujoco")
-    script = str(ROOT / "mujoco_baselines" / "rgpo_continuous_action.py")
+    script = str(ROOT / "mujoco_baselines" / f"{method}_continuous_action.py")
+    r = _run([script, *flags], tmp_path)
+    assert r.returncode == 1, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and not (tmp_path / "runs").exists()
+
+
+RUNNER_ENV = {**ENV, "PYTHONPATH": str(ROOT)}  # the lab runner is a module of the checkout's lab
+
+
+def _runner(method):
+    return ["-m", "rgpo_lab.mujoco_runner", method]
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--env-id", "Hoper-v4"], "Did you mean: `Hopper`?"),
+        (["--policy-lag", "-1"], "policy_lag must be an integer >= 0"),
+    ],
+)
+def test_mujoco_runner_bad_input_is_one_line_and_debug_shows_the_traceback(flags, needle, tmp_path):
+    pytest.importorskip("mujoco")
     out = tmp_path / "runs"
-    r = _run([script, *flags, "--output-dir", str(out)], tmp_path)
+    r = _run([*_runner("rgpo"), *flags, "--output-dir", str(out)], tmp_path, RUNNER_ENV)
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stdout + r.stderr and not out.exists()
-    debug = _run([script, *flags, "--output-dir", str(out), "--debug"], tmp_path)
+    debug = _run([*_runner("rgpo"), *flags, "--output-dir", str(out), "--debug"], tmp_path, RUNNER_ENV)
     assert debug.returncode != 0 and "Traceback" in debug.stderr  # --debug: the traceback
 
 
-def test_mujoco_script_help_rounding_notice_and_closing_line(tmp_path):
+def test_mujoco_script_help(tmp_path):
     pytest.importorskip("mujoco")
-    script = str(ROOT / "mujoco_baselines" / "ppo_continuous_action.py")
-    help_text = _run([script, "--help"], tmp_path).stdout
+    for method, title in (
+        ("ppo", "PPO (clipped surrogate) on a MuJoCo task"),
+        ("rgpo", "RGPO (rejection-gated"),
+    ):
+        help_text = _run(
+            [str(ROOT / "mujoco_baselines" / f"{method}_continuous_action.py"), "--help"], tmp_path
+        )
+        assert help_text.returncode == 0 and title in help_text.stdout.split("options")[0]
+        assert "--num-minibatches" in help_text.stdout and "--batch-size" not in help_text.stdout
+
+
+def test_mujoco_runner_help_rounding_notice_and_closing_line(tmp_path):
+    pytest.importorskip("mujoco")
+    help_text = _run([*_runner("ppo"), "--help"], tmp_path, RUNNER_ENV).stdout
     assert "PPO (clipped surrogate) on a MuJoCo task" in help_text.split("options")[0]
     assert "--batch-size" not in help_text and "--num-iterations" not in help_text  # derived, not options
     out = tmp_path / "runs"
-    argv = [script, "--env-id", "Hopper-v4", "--total-timesteps", "600", "--num-steps", "256"]
+    argv = [*_runner("ppo"), "--env-id", "Hopper-v4", "--total-timesteps", "600", "--num-steps", "256"]
     argv += ["--output-dir", str(out), "--run-name", "r", "--no-tensorboard", "--no-verbose"]
     argv += ["--eval-episodes", "1"]
-    r = _run(argv, tmp_path)
+    r = _run(argv, tmp_path, RUNNER_ENV)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert (
@@ -67,14 +108,14 @@ def test_mujoco_script_help_rounding_notice_and_closing_line(tmp_path):
 
 
 def test_mujoco_closing_line_says_the_run_was_lagged(tmp_path):
-    """A lagged run's training episodes come from an older actor than the one evaluated: the closing line says
-    so beside the two returns (an Ant run read "training -96.8" against "evaluation 987" without it)."""
+    """A lagged run's training episodes come from an older actor than the one evaluated: the runner's closing
+    line says so beside the two returns (an Ant run read "training -96.8" against "evaluation 987" without
+    it)."""
     pytest.importorskip("mujoco")
-    script = str(ROOT / "mujoco_baselines" / "rgpo_continuous_action.py")
-    argv = [script, "--env-id", "Hopper-v4", "--total-timesteps", "768", "--num-steps", "256"]
+    argv = [*_runner("rgpo"), "--env-id", "Hopper-v4", "--total-timesteps", "768", "--num-steps", "256"]
     argv += ["--output-dir", str(tmp_path), "--run-name", "r", "--no-tensorboard", "--no-verbose"]
     argv += ["--eval-episodes", "1", "--policy-lag", "2"]
-    r = _run(argv, tmp_path)
+    r = _run(argv, tmp_path, RUNNER_ENV)
     assert r.returncode == 0, r.stderr[-2000:]
     closing = r.stdout.strip().splitlines()[-1]
     assert closing.startswith("done: 768 steps; training return (with exploration noise, last ")

@@ -1,4 +1,7 @@
-"""Short in-process runs of the MuJoCo baselines (mujoco_baselines/*_continuous_action.py)."""
+"""Short in-process runs of the lab's MuJoCo runner (rgpo_lab/mujoco_runner/*_continuous_action.py, the
+machinery the committed results were made with: metrics.csv, checkpoints and resume, --compile, evaluation,
+the grid). The product's single-file scripts (mujoco_baselines/) are tested by test_mujoco_scripts.py and
+against this runner by test_mujoco_script_vs_lab.py."""
 
 from __future__ import annotations
 
@@ -25,10 +28,9 @@ METHODS = grid.MUJOCO_METHODS  # the runner's and the report's list of the four 
 
 
 def test_the_method_list_names_every_script():
-    scripts = [
-        f for f in os.listdir(os.path.join(ROOT, "mujoco_baselines")) if f.endswith("_continuous_action.py")
-    ]
-    assert sorted(METHODS) == sorted(f.removesuffix("_continuous_action.py") for f in scripts)
+    for where in ("mujoco_baselines", os.path.join("rgpo_lab", "mujoco_runner")):  # the scripts, the runner
+        scripts = [f for f in os.listdir(os.path.join(ROOT, where)) if f.endswith("_continuous_action.py")]
+        assert sorted(METHODS) == sorted(f.removesuffix("_continuous_action.py") for f in scripts), where
 
 
 COMMON_KEYS = [
@@ -229,7 +231,7 @@ def test_nan_loss_stops_with_iteration(method, tmp_path, monkeypatch):
         return loss * torch.nan if count[0] == 7 else loss
 
     monkeypatch.setattr(module, name, poisoned)
-    from mujoco_baselines import common
+    from rgpo_lab.mujoco_runner import common
 
     with pytest.raises(common.NonFiniteLossError, match="iteration 1 "):
         module.main(small_args(module, tmp_path, "nan"))
@@ -249,7 +251,7 @@ def test_nan_value_loss_stops_trpo_with_both_losses(tmp_path, monkeypatch):
         return (loss * torch.nan, v_loss * torch.nan) if count[0] == 7 else (loss, v_loss)
 
     monkeypatch.setattr(module, "value_minibatch_loss", poisoned)
-    from mujoco_baselines import common
+    from rgpo_lab.mujoco_runner import common
 
     with pytest.raises(common.NonFiniteLossError, match=r"iteration 1 .*policy_loss=-?\d.*value_loss=nan"):
         module.main(small_args(module, tmp_path, "nan"))
@@ -366,9 +368,10 @@ def test_env_resets_explicitly_without_fake_transitions():
 
 
 def test_rgpo_script_imports_library_loss():
-    src = open(os.path.join(ROOT, "mujoco_baselines", "rgpo_continuous_action.py")).read()
-    assert "rgpo_trl.rgpo_loss(" in src and "def rgpo_loss" not in src
-    assert "rgpo_trl.rgpo_diagnostics(" in src and "def rgpo_diagnostics" not in src
+    for where in ("mujoco_baselines", os.path.join("rgpo_lab", "mujoco_runner")):  # the script, the runner
+        src = open(os.path.join(ROOT, where, "rgpo_continuous_action.py")).read()
+        assert "rgpo_trl.rgpo_loss(" in src and "def rgpo_loss" not in src
+        assert "rgpo_trl.rgpo_diagnostics(" in src and "def rgpo_diagnostics" not in src
 
 
 @pytest.mark.skipif(
@@ -399,7 +402,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(method, compile, tmp_path, 
     reference = module.main(small_args(module, tmp_path / "a", "run", **kw))
     assert not os.path.exists(tmp_path / "a" / "run" / "checkpoint.pt")  # removed once the run is done
 
-    from mujoco_baselines import common
+    from rgpo_lab.mujoco_runner import common
 
     real_save, calls = common.save_checkpoint, []
 
@@ -460,7 +463,7 @@ def test_evaluation_is_the_mean_action_on_its_own_seeded_env():
     import gymnasium as gym
     import torch
 
-    from mujoco_baselines import common as evaluation  # the scripts' shared module
+    from rgpo_lab.mujoco_runner import common as evaluation  # the runner's shared module
 
     rng = np.random.default_rng(0)
     mean, var = rng.normal(size=11), rng.uniform(0.5, 2.0, size=11)
@@ -494,7 +497,7 @@ def test_evaluation_is_the_mean_action_on_its_own_seeded_env():
 
 
 def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path):
-    from mujoco_baselines import common
+    from rgpo_lab.mujoco_runner import common
 
     module = load("rgpo")
     module.main(
@@ -510,13 +513,13 @@ def test_resume_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path)
 
 
 def test_scripts_share_the_common_module_and_their_defaults():
-    """What is not the algorithm lives once, in mujoco_baselines/common.py: every script uses the same objects
+    """What is not the algorithm lives once, in the runner's common.py: every method uses the same objects
     (not copies); every flag the scripts share is declared once, in common.BaseArgs (StaleSampleArgs for PPO's
     and RGPO's stale-sample flags), and a script re-declares a shared field only for its exp_name or its own
     help text, never with another default."""
     import dataclasses
 
-    from mujoco_baselines import common
+    from rgpo_lab.mujoco_runner import common
 
     base = {f.name: f for f in dataclasses.fields(common.BaseArgs)}
     assert {"env_id", "hidden_size", "learning_rate", "num_steps", "checkpoint_every", "spike_kl"} <= set(
@@ -531,7 +534,9 @@ def test_scripts_share_the_common_module_and_their_defaults():
         assert issubclass(
             module.Args, common.StaleSampleArgs if method in ("ppo", "rgpo") else common.BaseArgs
         )
-        source = open(os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")).read()
+        source = open(
+            os.path.join(ROOT, "rgpo_lab", "mujoco_runner", f"{method}_continuous_action.py")
+        ).read()
         assert "class Agent" not in source and "class MujocoEnv" not in source and "sys.path" not in source
         inherited = {f.name for f in dataclasses.fields(common.StaleSampleArgs)} | set(base)
         assert set(module.Args.__annotations__) & inherited == {"exp_name"} | redeclared[method], method
@@ -555,7 +560,7 @@ def test_minibatch_stats_by_name():
     in the order they were added; the early stops' float32 mean is that of the joined column."""
     import torch
 
-    from mujoco_baselines.common import MinibatchStats
+    from rgpo_lab.mujoco_runner.common import MinibatchStats
 
     stats = MinibatchStats()
     stats.add(kl=torch.tensor([0.01, 0.03]), ess=torch.tensor([0.9, 0.8]), ratio_max=torch.tensor([1.5, 2.5]))
@@ -569,19 +574,23 @@ def test_minibatch_stats_by_name():
         stats.add(ess=torch.tensor(0.5), kl=torch.tensor(0.1), ratio_max=torch.tensor(1.0))
 
 
-def test_scripts_run_as_modules_and_as_files(tmp_path):
-    """`python -m mujoco_baselines.<script>` and `python mujoco_baselines/<script>.py` both work (no sys.path
-    edits: the package is installed with the project)."""
+def test_runner_runs_by_method_and_by_module(tmp_path):
+    """`python -m rgpo_lab.mujoco_runner <method>` (the grid's command) and `python -m
+    rgpo_lab.mujoco_runner.<method>_continuous_action` both work from the repository root; an unknown method
+    is refused with the list."""
     import subprocess
 
-    for how in (
-        ["-m", "mujoco_baselines.awr_continuous_action"],
-        [os.path.join(ROOT, "mujoco_baselines", "awr_continuous_action.py")],
-    ):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for how in (["rgpo_lab.mujoco_runner", "awr"], ["rgpo_lab.mujoco_runner.awr_continuous_action"]):
         out = subprocess.run(
-            [sys.executable, *how, "--help"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+            [sys.executable, "-m", *how, "--help"], capture_output=True, text=True, timeout=120, env=env
         )
         assert out.returncode == 0 and "--eval-episodes" in out.stdout, out.stderr[-2000:]
+    assert "AWR (advantage-weighted regression)" in out.stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "rgpo_lab.mujoco_runner", "sac"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 2 and "{ppo,rgpo,trpo,awr}" in out.stderr
 
 
 def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, monkeypatch):
@@ -599,7 +608,7 @@ def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, 
     module = load("rgpo")
     results, ckpts = tmp_path / "b", tmp_path / "cb"
     cmd = runs[1].command(str(results / "t"), str(ckpts / "t" / runs[1].name))
-    from mujoco_baselines import common
+    from rgpo_lab.mujoco_runner import common
 
     real_save = common.save_checkpoint
 
@@ -609,7 +618,8 @@ def test_grid_runner_resumes_interrupted_runs_and_skips_finished_ones(tmp_path, 
 
     monkeypatch.setattr(common, "save_checkpoint", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
-        module.main(tyro.cli(module.Args, args=cmd[2:]))
+        assert cmd[1:4] == ["-m", "rgpo_lab.mujoco_runner", "rgpo"]
+        module.main(tyro.cli(module.Args, args=cmd[4:]))
     assert (ckpts / "t" / runs[1].name / "checkpoint.pt").exists()
     assert len(read_rows(results / "t" / runs[1].name)) == 2
 
@@ -726,13 +736,15 @@ def test_numpy_mean_action_is_actor_mean_and_follows_updates(method):
 
 
 def test_readme_script_commands_parse():
-    """Every `python mujoco_baselines/<method>_continuous_action.py ...` line in the READMEs and docs names
-    real flags (tyro parses it; a renamed or invented flag fails here, not in a user's terminal)."""
+    """Every `python mujoco_baselines/<method>_continuous_action.py ...` (the scripts) and `python -m
+    rgpo_lab.mujoco_runner <method> ...` (the runner) line in the READMEs and docs names real flags (tyro
+    parses it; a renamed or invented flag fails here, not in a user's terminal)."""
+    import importlib
     import shlex
 
     import tyro
 
-    commands = []
+    scripts, runner = [], []
     pages = [
         os.path.relpath(os.path.join(d, f), ROOT)
         for d, _, fs in os.walk(os.path.join(ROOT, "docs"))
@@ -742,11 +754,16 @@ def test_readme_script_commands_parse():
     for readme in ("README.md", os.path.join("mujoco_baselines", "README.md"), *pages):
         with open(os.path.join(ROOT, readme)) as f:
             for line in f:
-                line = line.strip()
+                line = line.strip().split(" # ")[0].split("  #")[0]
                 if line.startswith("python mujoco_baselines/") and "_continuous_action.py" in line:
-                    commands.append(shlex.split(line.split(" # ")[0].split("  #")[0]))
-    assert len(commands) >= 10
-    for parts in commands:
-        method = os.path.basename(parts[1]).split("_")[0]
-        argv = [a for a in parts[2:] if a != "--help"]
-        tyro.cli(load(method).Args, args=argv)  # SystemExit (with tyro's message) on an unknown flag
+                    parts = shlex.split(line)
+                    scripts.append((os.path.basename(parts[1]).split("_")[0], parts[2:]))
+                elif line.startswith("python -m rgpo_lab.mujoco_runner "):
+                    parts = shlex.split(line)
+                    runner.append((parts[3], parts[4:]))
+    assert len(scripts) >= 10 and len(runner) >= 2
+    for method, argv in scripts:
+        script = importlib.import_module(f"mujoco_baselines.{method}_continuous_action")
+        tyro.cli(script.Args, args=[a for a in argv if a != "--help"])  # SystemExit on an unknown flag
+    for method, argv in runner:
+        tyro.cli(load(method).Args, args=[a for a in argv if a != "--help"])

@@ -1,4 +1,5 @@
-"""`--compile` (mujoco_baselines/compiled_update.py): the written-out step against torch's own eager step."""
+"""`--compile` (rgpo_lab/mujoco_runner/compiled_update.py): the written-out step against torch's own eager
+step."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytest.importorskip("mujoco")
 
 from _mujoco_utils import TIME_KEYS, load, needs_compiler, read_rows, small_args  # noqa: E402
 
-from mujoco_baselines.compiled_update import CompiledAdamStep  # noqa: E402
+from rgpo_lab.mujoco_runner.compiled_update import CompiledAdamStep  # noqa: E402
 
 # PPO's and RGPO's mini-batch loss take the decoupled objective's weight last: None, the plain objective
 NO_WEIGHT = {"ppo": (None,), "rgpo": (None,)}
@@ -317,10 +318,10 @@ def test_compile_without_a_cxx_compiler_fails_at_start_with_a_clear_error(tmp_pa
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = os.path.join(root, "mujoco_baselines", "rgpo_continuous_action.py")
-    argv = [sys.executable, script, "--compile", "--env-id", "Hopper-v4", "--total-timesteps", "256"]
+    argv = [sys.executable, "-m", "rgpo_lab.mujoco_runner", "rgpo", "--compile", "--env-id", "Hopper-v4"]
+    argv += ["--total-timesteps", "256"]
     argv += ["--num-steps", "256", "--output-dir", str(tmp_path), "--run-name", "nocxx", "--no-tensorboard"]
-    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler")}
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "PYTHONPATH": root}
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "--compile needs a C++ compiler" in proc.stderr and "run without --compile" in proc.stderr

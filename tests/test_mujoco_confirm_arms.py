@@ -151,7 +151,7 @@ def test_start_of_update_statistics_against_numpy():
     log-probs at the update's start against the anchor."""
     import numpy as np
 
-    from mujoco_baselines.common import RatioAnchor, start_of_update_stats
+    from rgpo_lab.mujoco_runner.common import RatioAnchor, start_of_update_stats
 
     rng = np.random.default_rng(0)
     anchor_lp, start_lp = rng.normal(size=1000), rng.normal(size=1000)

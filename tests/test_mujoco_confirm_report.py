@@ -126,3 +126,23 @@ def test_provenance_compares_code_paths_by_syntax_tree():
     assert rep.same_code_path("e53d11f") is False  # before --kl-penalty and the start-of-update statistics
     assert rep.same_code_path("f76bccb") is True  # TrainingRun.finish's closing line only
     assert rep.same_code_path("0" * 40) is None
+
+
+def test_provenance_at_a_commit_with_the_lab_runner_compares_the_runner(monkeypatch):
+    """From issue 48 on, the code the suite's runs execute is rgpo_lab/mujoco_runner (moved from
+    mujoco_baselines/, imports and texts changed) and mujoco_baselines/ holds the single-file scripts: at such
+    a commit (here the working tree, standing in for one) the suite commit's mujoco_baselines/<file> is
+    compared with the runner's <file>, found the same code path; compared with the scripts instead, it is
+    not."""
+    real_show = rep._git_show
+
+    def show(commit, path):
+        if commit != "WORKTREE":
+            return real_show(commit, path)
+        full = os.path.join(ROOT, path)
+        return open(full).read() if os.path.isfile(full) else None
+
+    monkeypatch.setattr(rep, "_git_show", show)
+    assert rep.same_code_path("WORKTREE") is True
+    monkeypatch.setattr(rep, "RUNNER", "mujoco_baselines")  # no mapping: the suite's files vs the scripts
+    assert rep.same_code_path("WORKTREE") is not True

@@ -53,7 +53,7 @@ def test_decoupled_objective_at_lag_zero_is_the_base_method_bit_for_bit(method, 
 def test_policy_lag_acts_with_the_actor_of_l_iterations_ago():
     """The ring: before iteration t's rollout the acting actor holds the weights the agent had when iteration
     max(1, t - L) began; the agent itself is never touched, and L = 0 acts with the agent itself."""
-    from mujoco_baselines.common import Agent, PolicyLag
+    from rgpo_lab.mujoco_runner.common import Agent, PolicyLag
 
     class A:
         hidden_size, ortho_init, init_logstd = 8, True, 0.0
@@ -83,7 +83,7 @@ def test_rollout_behaviour_log_probs_are_the_lagged_actors(tmp_path):
     """With L > 0 the rollout's actions and log-probs come from the lagged actor, its values from the current
     critic: the log-probs equal a float64 Gaussian density under the lagged weights."""
     module = load("ppo")
-    from mujoco_baselines.common import Agent, MujocoEnv, PolicyLag, Rollout, seed_everything
+    from rgpo_lab.mujoco_runner.common import Agent, MujocoEnv, PolicyLag, Rollout, seed_everything
 
     args = small_args(module, tmp_path, num_steps=64)
     seed_everything(args)
@@ -112,7 +112,7 @@ def test_decoupled_ppo_loss_against_a_float64_formula():
     g = torch.Generator().manual_seed(0)
     new, prox, beh = (torch.randn(256, generator=g, dtype=torch.float64) * 0.3 for _ in range(3))
     adv = torch.randn(256, generator=g, dtype=torch.float64)
-    from mujoco_baselines.common import truncated_weight
+    from rgpo_lab.mujoco_runner.common import truncated_weight
 
     w = truncated_weight(prox, beh, 1.0)
     assert torch.equal(w, torch.minimum((prox - beh).exp(), torch.tensor(1.0, dtype=torch.float64)))
@@ -155,7 +155,7 @@ def test_lagged_run_resumes_to_the_same_metrics(method, tmp_path, monkeypatch):
     module = load(method)
     kw = dict(total_timesteps=256 * 5, checkpoint_every=2, policy_lag=2, decoupled=True, eval_episodes=1)
     reference = module.main(small_args(module, tmp_path / "a", "run", **kw))
-    from mujoco_baselines import common
+    from rgpo_lab.mujoco_runner import common
 
     real_save, calls = common.save_checkpoint, []
 
@@ -193,7 +193,7 @@ def test_bad_stale_sample_arguments_are_refused_before_the_run(field, value, mes
 def test_checkpoint_of_before_a_new_field_resumes_while_the_field_keeps_its_default(tmp_path):
     """A checkpoint written before --policy-lag existed continues at L = 0 and is refused at L = 2."""
     module = load("ppo")
-    from mujoco_baselines import common
+    from rgpo_lab.mujoco_runner import common
 
     args = small_args(module, tmp_path, "run")
     path = str(tmp_path / "ck.pt")

@@ -22,7 +22,7 @@ from rgpo_lab.mujoco_grid import MUJOCO_ENVS as ENVS
 
 
 def rollout(module, env_id: str, fast: bool):
-    from mujoco_baselines.common import Agent, MujocoEnv, Rollout, seed_everything
+    from rgpo_lab.mujoco_runner.common import Agent, MujocoEnv, Rollout, seed_everything
 
     args = module.Args(env_id=env_id, seed=0, num_steps=2048, tensorboard=False, verbose=False)
     seed_everything(args)
@@ -37,7 +37,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_path_divergence"))
     a = p.parse_args()
-    module = importlib.import_module("mujoco_baselines.ppo_continuous_action")
+    module = importlib.import_module("rgpo_lab.mujoco_runner.ppo_continuous_action")
     rows = []
     for env_id in ENVS:
         (a0, o0, r0), (a1, o1, r1) = rollout(module, env_id, False), rollout(module, env_id, True)

@@ -29,7 +29,7 @@ STEPS_PER_CALL = [1, 2, 4, 8]
 def measure(step: str, width: int, rounds: int, T: int = 2048, mb: int = 64) -> dict:
     import torch
 
-    from mujoco_baselines.compiled_update import CompiledAdamStep
+    from rgpo_lab.mujoco_runner.compiled_update import CompiledAdamStep
 
     torch.set_num_threads(1)
     # dynamo counts the graphs of _pure_steps over all CompiledAdamStep objects of a process (a script has
@@ -37,7 +37,7 @@ def measure(step: str, width: int, rounds: int, T: int = 2048, mb: int = 64) -> 
     torch._dynamo.config.recompile_limit = 64
     torch.manual_seed(0)
     script = "trpo" if step == "trpo_value" else "ppo"
-    module = importlib.import_module(f"mujoco_baselines.{script}_continuous_action")
+    module = importlib.import_module(f"rgpo_lab.mujoco_runner.{script}_continuous_action")
     args = module.Args(hidden_size=width)
     agent = module.Agent(11, 3, args)
     obs, actions, adv, returns = torch.randn(T, 11), torch.randn(T, 3), torch.randn(T), torch.randn(T)

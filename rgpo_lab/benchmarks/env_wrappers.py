@@ -7,7 +7,8 @@ Three variants step the same environment with the same random actions, interleav
 
 - ``raw``: ``gym.make(env_id)`` stepped directly, reset on episode end (the physical limit of the scripts);
 - ``ours``: the scripts' ``MujocoEnv`` (observation normalisation and clipping, reward scaling and clipping,
-  explicit resets, raw episode returns), from ``mujoco_baselines/ppo_continuous_action.py``;
+  explicit resets, raw episode returns), the lab runner's (``rgpo_lab.mujoco_runner.common``; each script in
+  ``mujoco_baselines/`` inlines the same class, less its checkpoint state);
 - ``gymnasium``: CleanRL's stack, ``SyncVectorEnv`` of one env with ``RecordEpisodeStatistics``,
   ``ClipAction``, ``NormalizeObservation``, ``TransformObservation`` (clip), ``NormalizeReward``,
   ``TransformReward`` (clip).
@@ -83,7 +84,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=os.path.join(RESULTS, "env_wrappers"))
     args = p.parse_args()
-    module = importlib.import_module("mujoco_baselines.ppo_continuous_action")
+    module = importlib.import_module("rgpo_lab.mujoco_runner.ppo_continuous_action")
     results = {}
     for env_id in args.envs:
         act_space = gym.make(env_id).action_space

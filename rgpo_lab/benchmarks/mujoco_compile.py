@@ -127,7 +127,7 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="bench_compile_")
     commit, head = extract_baseline(args.baseline_ref, tmp)
-    status = ["git", "-C", ROOT, "status", "--porcelain", "mujoco_baselines"]
+    status = ["git", "-C", ROOT, "status", "--porcelain", "rgpo_lab/mujoco_runner"]
     dirty = bool(subprocess.run(status, capture_output=True, text=True).stdout.strip())
     base_dir = os.path.join(tmp, "mujoco_baselines")
 
@@ -138,7 +138,8 @@ def main() -> None:
     # one core per run, compilation included (inductor compiles on all cores by default), as
     # rgpo_lab.mujoco_grid runs them
     env = {**os.environ, **ONE_THREAD, "PYTHONWARNINGS": "ignore"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    # the baseline's own mujoco_baselines package (tmp) first, then the checkout (rgpo_trl, the lab runner)
+    env["PYTHONPATH"] = os.pathsep.join([tmp, ROOT, env.get("PYTHONPATH", "")])
     common = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps), "--seed", "1"]
     common += ["--no-tensorboard", "--no-verbose", "--checkpoint-every", "0"]
     cleanrl_cmd = None
@@ -162,15 +163,15 @@ def main() -> None:
         pairs = [(m, w) for m in METHODS for w in args.widths]
         for i, (method, width) in enumerate(pairs):
             sides = {
-                "baseline": os.path.join(base_dir, f"{method}_continuous_action.py"),
-                "compile": os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py"),
+                "baseline": [os.path.join(base_dir, f"{method}_continuous_action.py")],
+                "compile": ["-m", "rgpo_lab.mujoco_runner", method],
             }
             order = list(sides) if (rnd + i) % 2 == 0 else list(sides)[::-1]
             cmds = []
             for side in order:
                 name = f"{method}_{width}_{side}_{rnd}"
                 flag = ["--compile"] if side == "compile" else []
-                argv = [sys.executable, sides[side], *common, "--hidden-size", str(width)]
+                argv = [sys.executable, *sides[side], *common, "--hidden-size", str(width)]
                 argv += ["--output-dir", os.path.join(tmp, "runs"), "--run-name", name, *flag]
                 cmds.append((argv, tmp, renv))
             side_by_side(cmds)
@@ -210,7 +211,7 @@ def main() -> None:
     result.update(
         command=invocation("mujoco_compile"),
         baseline_commit=commit,
-        head_commit=head + (" (with uncommitted changes in mujoco_baselines/)" if dirty else ""),
+        head_commit=head + (" (with uncommitted changes in rgpo_lab/mujoco_runner/)" if dirty else ""),
         machine=f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
         versions=versions(),
         load_average_at_end=os.getloadavg(),

@@ -40,7 +40,7 @@ def rollout_costs(env_id: str, width: int, n: int, rounds: int) -> dict[str, flo
     import numpy as np
     import torch
 
-    from mujoco_baselines import ppo_continuous_action as script
+    from rgpo_lab.mujoco_runner import ppo_continuous_action as script
 
     args = script.Args(env_id=env_id, hidden_size=width)
     env = script.MujocoEnv(args)
@@ -120,7 +120,7 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
     from torch.func import grad
     from torch.nn.utils.stateless import _reparametrize_module
 
-    from mujoco_baselines import ppo_continuous_action as script
+    from rgpo_lab.mujoco_runner import ppo_continuous_action as script
 
     torch.manual_seed(0)
     obs_dim, act_dim, T, mb = 11, 3, 2048, 64
@@ -197,7 +197,7 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
             o = hid @ w3.T
             x @ w1.T, hid @ w2.T, o.T @ hid, o @ w3, gh.T @ hid, gh @ w2, gh.T @ x
 
-    from mujoco_baselines.compiled_update import CompiledAdamStep
+    from rgpo_lab.mujoco_runner.compiled_update import CompiledAdamStep
 
     # the scripts' --compile step (in-place Adam, gradient statistics) from the same start
     twin = copy.deepcopy(shadow)

@@ -83,7 +83,7 @@ def make_rollout(script, args, variant: str, T: int):
 def measure(env_id: str, width: int, rounds: int, T: int = 2048) -> dict:
     import torch
 
-    from mujoco_baselines import rgpo_continuous_action as script
+    from rgpo_lab.mujoco_runner import rgpo_continuous_action as script
 
     torch.set_num_threads(1)
     args = script.Args(env_id=env_id, hidden_size=width)

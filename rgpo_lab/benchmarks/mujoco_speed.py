@@ -119,9 +119,9 @@ def e2e(args, tmp):
     }
     for method in ("ppo", "rgpo"):
         for width in (64, 256):
-            script = os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")
             name = f"ours_{method}_{width}"
-            argv = [sys.executable, script, *common, "--minibatch-size", "64", "--hidden-size", str(width)]
+            argv = [sys.executable, "-m", "rgpo_lab.mujoco_runner", method, *common]  # the lab runner, eager
+            argv += ["--minibatch-size", "64", "--hidden-size", str(width)]
             argv += ["--output-dir", os.path.join(tmp, "runs"), "--no-verbose"]
             variants[name] = (argv, tmp)
     # A/A control: the same PPO run again in every round; its ratio to ours_ppo_64 shows how much two
@@ -163,8 +163,8 @@ def update_microbench(args):
     """Alternating blocks of full PPO / RGPO mini-batch steps on identical data and networks."""
     import torch
 
-    from mujoco_baselines import ppo_continuous_action as ppo_mod
-    from mujoco_baselines import rgpo_continuous_action as rgpo_mod
+    from rgpo_lab.mujoco_runner import ppo_continuous_action as ppo_mod
+    from rgpo_lab.mujoco_runner import rgpo_continuous_action as rgpo_mod
 
     torch.set_num_threads(1)
     out = {}

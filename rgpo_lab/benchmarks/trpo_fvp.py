@@ -34,7 +34,7 @@ VARIANTS = ["rebuild", "rebuild2", "retained", "closed_form"]
 def measure(width: int, rounds: int, n: int = 2048) -> dict:
     import torch
 
-    from mujoco_baselines import trpo_continuous_action as script
+    from rgpo_lab.mujoco_runner import trpo_continuous_action as script
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

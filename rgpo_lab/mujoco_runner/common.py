@@ -1,7 +1,9 @@
-"""Everything the four MuJoCo scripts share, in the role of CleanRL's ``cleanrl_utils``; each script
+"""Everything the lab runner's four methods share (rgpo_lab.mujoco_runner; until issue 48 this was
+mujoco_baselines/common.py, unchanged since but for import paths and texts); each method's module
 (``{ppo,rgpo,trpo,awr}_continuous_action.py``) keeps its own flags (its ``Args`` on `BaseArgs`), its loss and
-its update loop, and reads top to bottom: Args, setup, the loop (the batch from `collect_batch`: rollout and
-GAE, here; the method's update, in the script; logging, here).
+its update loop: Args, setup, the loop (the batch from `collect_batch`: rollout and GAE, here; the method's
+update, in the module; logging, here). The product's single-file scripts (mujoco_baselines/) inline the eager
+path of all this, minus what only the studies need.
 
 What is here, in the order a script uses it:
 - the flags every script has (`BaseArgs`; `StaleSampleArgs` adds PPO's and RGPO's --policy-lag family), their
@@ -52,7 +54,7 @@ import torch.nn.functional as F
 import tyro
 
 import rgpo_trl
-from mujoco_baselines import SPIKE_KL
+from rgpo_lab.mujoco_runner import SPIKE_KL
 from rgpo_trl.cli import UsageError
 
 
@@ -944,7 +946,7 @@ class UpdateStep:
         self.n_tracked = sum(p.numel() for p in tracked) if tracked else 0
         self.compiled = None
         if args.compile:
-            from mujoco_baselines.compiled_update import CompiledAdamStep, check_compiler
+            from rgpo_lab.mujoco_runner.compiled_update import CompiledAdamStep, check_compiler
 
             check_compiler()
             self.compiled = CompiledAdamStep(

@@ -1,0 +1,62 @@
+"""The committed MuJoCo reports regenerate from the committed runs with today's code (slow: each reads every
+run of results/mujoco, ~20 s on an idle core). What the runs were made with is checked apart: the lab runner
+is the suite commit's code (test_mujoco_confirm_report's provenance test) and the scripts train as the runner
+does (test_mujoco_script_vs_lab.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+
+
+def _git(*args):
+    out = subprocess.run(["git", "-C", ROOT, *args], capture_output=True)
+    if out.returncode != 0:
+        pytest.skip(f"git {' '.join(args)} failed (not a full checkout?)")
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_policy_lag_confirm_report_regenerates_byte_identically(tmp_path):
+    """The report as last committed, rebuilt from results/mujoco as of that commit (runs keep landing
+    after it): report.md, studies.json and curves.png byte for byte."""
+    from rgpo_lab import mujoco_confirm_report as rep
+
+    report = "results/mujoco/policy_lag_confirm/report"
+    commit = _git("log", "-1", "--format=%H", "--", f"{report}/report.md").decode().strip()
+    archive = tmp_path / "results.tar"
+    archive.write_bytes(_git("archive", commit, "results/mujoco"))
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "then", filter="data")
+    rep.build(str(tmp_path / "then" / "results" / "mujoco"), str(tmp_path / "out"))
+    for name in ("report.md", "studies.json", "curves.png"):
+        assert (tmp_path / "out" / name).read_bytes() == _git("show", f"{commit}:{report}/{name}"), name
+
+
+@pytest.mark.slow
+def test_main_mujoco_report_regenerates(tmp_path):
+    """results/mujoco/report from today's results/mujoco: every table and figure byte for byte; in report.md
+    only the command line and the status rows of suites the committed report predates may differ."""
+    from rgpo_lab.mujoco_report.__main__ import main
+
+    committed = os.path.join(ROOT, "results", "mujoco", "report")
+    assert main([os.path.join(ROOT, "results", "mujoco"), "--out", str(tmp_path)]) in (None, 0)
+    for name in sorted(os.listdir(committed)):
+        if name != "report.md":
+            assert (tmp_path / name).read_bytes() == open(os.path.join(committed, name), "rb").read(), name
+    old_lines = open(os.path.join(committed, "report.md")).read().splitlines()
+    known = {line.split("|")[1].strip() for line in old_lines if line.startswith("| ")}
+
+    def kept(line):  # not the command, not a status row (5 columns) of a suite the committed report lacks
+        new_status_row = line.count("|") == 6 and line.split("|")[1].strip() not in known
+        return not line.startswith("Command: ") and not (line.startswith("| ") and new_status_row)
+
+    new_lines = (tmp_path / "report.md").read_text().splitlines()
+    assert [x for x in new_lines if kept(x)] == [x for x in old_lines if kept(x)]
