@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+from rgpo_lab.json_values import plain
 from rgpo_lab.rlhf_suite import (
     DEMO_RATES,
     DEMO_SEED,
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
         )
     selection = select(a.tune_dir)
     with open(os.path.join(a.tune_dir, "selection.json"), "w") as f:
-        json.dump(selection, f, indent=2)
+        json.dump(plain(selection), f, indent=2, allow_nan=False)
     text = to_markdown(selection, a.tune_dir)
     with open(os.path.join(a.tune_dir, "selection.md"), "w") as f:
         f.write(text)

@@ -7,9 +7,8 @@ import argparse
 import json
 import os
 
-import numpy as np
-
 from rgpo_lab import mujoco_report
+from rgpo_lab.json_values import plain
 from rgpo_lab.mujoco_report.eager_vs_compiled import eager_vs_compiled, eager_vs_compiled_md
 from rgpo_lab.mujoco_report.figures import figures, policy_lag_figures, study_figures
 from rgpo_lab.mujoco_report.paper_tables import (
@@ -37,18 +36,6 @@ from rgpo_lab.mujoco_report.runs import load_runs
 from rgpo_lab.mujoco_report.studies import STUDIES, study_md, study_tests
 
 
-def _plain(x):
-    """studies.json's values: NamedTuples (MeanStd, Welch) as dicts, tuples as lists, numpy scalars as
-    floats."""
-    if hasattr(x, "_asdict"):
-        return {k: _plain(v) for k, v in x._asdict().items()}
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_plain(v) for v in x]
-    return x.item() if isinstance(x, np.generic) else x
-
-
 def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True) -> str:
     runs = load_runs(results)
     os.makedirs(out, exist_ok=True)
@@ -63,7 +50,7 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
     k_t.to_csv(os.path.join(out, "k_sweep.csv"), index=False)
     b_t.to_csv(os.path.join(out, "beta0.csv"), index=False)
     with open(os.path.join(out, "aggregate.json"), "w") as f:
-        json.dump(agg, f, indent=2)
+        json.dump(plain(agg, named_as_dicts=True), f, indent=2, allow_nan=False)
     figs = (figures(runs, out) + study_figures(runs, out) + policy_lag_figures(runs, out)) if plots else []
     studies = {}
     for name, study in STUDIES.items():
@@ -73,7 +60,7 @@ def build_report(results: str, out: str, n_boot: int = 2000, plots: bool = True)
     studies["policy_lag"] = policy_lag_tables(runs)
     studies["eager_vs_compiled"] = eager_vs_compiled(runs)
     with open(os.path.join(out, "studies.json"), "w") as f:
-        json.dump(_plain(studies), f, indent=2)
+        json.dump(plain(studies, named_as_dicts=True), f, indent=2, allow_nan=False)
     sections = [
         ("Runs", status_md(runs)),
         ("Final return at 1M steps (paper Table main_results)", main_returns_md(main_t)),

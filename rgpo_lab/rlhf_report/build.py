@@ -8,6 +8,7 @@ import json
 import os
 
 from rgpo_lab import rlhf_report
+from rgpo_lab.json_values import plain
 from rgpo_lab.rlhf_report.comparison import (
     gold_markdown,
     gold_vs_sft,
@@ -34,12 +35,11 @@ def build_report(
     os.makedirs(out, exist_ok=True)
     rows = table(runs)
     with open(os.path.join(out, "table.json"), "w") as f:
-        json.dump(rows, f, indent=2)
+        json.dump(plain(rows), f, indent=2, allow_nan=False)
     gold_rows, over = gold_vs_sft(runs), overoptimisation(runs)
     with open(os.path.join(out, "gold_vs_sft.json"), "w") as f:
-        json.dump(
-            {"rows": gold_rows, "overoptimisation": over and {k: v for k, v in over.items()}}, f, indent=2
-        )
+        gold = {"rows": gold_rows, "overoptimisation": over and {k: v for k, v in over.items()}}
+        json.dump(plain(gold), f, indent=2, allow_nan=False)
     samples = heldout_samples(runs)
     tests = {
         "heldout_gold": pairwise(runs, "heldout", "gold"),
@@ -47,11 +47,11 @@ def build_report(
         "heldout_kl_ref": pairwise(runs, "heldout", "kl_ref"),
     }
     with open(os.path.join(out, "pairwise.json"), "w") as f:
-        json.dump(tests, f, indent=2)
+        json.dump(plain(tests), f, indent=2, allow_nan=False)
     window = window_of(runs)
     dyn = dynamics(runs, window)
     with open(os.path.join(out, "dynamics.json"), "w") as f:
-        json.dump(dyn, f, indent=2)
+        json.dump(plain(dyn), f, indent=2, allow_nan=False)
     figs = (figures(runs, out, over) + dynamics_figure(runs, out)) if plots else []
     intro = (
         f"Command: `python -m rgpo_lab.rlhf_report {results} --out {out}`. Mean ± sample std (ddof 1) over n "
@@ -131,7 +131,7 @@ def build_studies(root: str, out: str, plots: bool = True) -> str:
         text, studies["staleness"] = build_staleness(stale, out, plots)
         parts += [text, ""]
     with open(os.path.join(out, "studies.json"), "w") as f:
-        json.dump(studies, f, indent=2)
+        json.dump(plain(studies), f, indent=2, allow_nan=False)
     text = "\n".join(parts)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(text)
