@@ -2,7 +2,7 @@
 registry."""
 
 import pytest
-from _trainer_utils import paper_rule
+from _references import paper_rule
 
 from rgpo_trl import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, make_kl_controller
 

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 from _mujoco_utils import TIME_KEYS, load, needs_compiler, read_rows, small_args
+from _references import paper_rule
 
 import rgpo_trl
 from rgpo_lab import mujoco_grid as grid
@@ -165,10 +166,7 @@ def test_rgpo_calls_library_loss_and_adapts_beta(tmp_path, monkeypatch):
     beta = 0.5
     for row in rows:
         assert row["kl_coef"] == beta
-        if row["kl"] >= 1.5 * 0.002:
-            beta = min(2 * beta, 5.0)
-        elif row["kl"] <= 0.002 / 1.5:
-            beta = max(beta / 2, 0.01)
+        beta = paper_rule(beta, row["kl"], target=0.002)
         assert row["kl_coef_next"] == beta
     assert any(r["kl_coef_next"] != r["kl_coef"] for r in rows)
     # the value used for every mini-batch is the controller's value of that iteration

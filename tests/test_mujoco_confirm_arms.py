@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 from _mujoco_utils import TIME_KEYS, load, read_rows, small_args
+from _references import paper_rule
 
 import rgpo_trl
 
@@ -91,10 +92,7 @@ def test_ppo_kl_penalty_adapts_beta_by_the_papers_rule_and_the_backstop_stops_th
     beta = 0.5
     for r in rows:
         assert r["kl_coef"] == beta
-        if r["kl"] >= 1.5 * 0.02:
-            beta = min(2 * beta, 5.0)
-        elif r["kl"] <= 0.02 / 1.5:
-            beta = max(beta / 2, 0.01)
+        beta = paper_rule(beta, r["kl"], target=0.02)
         assert r["kl_coef_next"] == pytest.approx(beta, rel=1e-12)
         assert (r["backstop"] == 1) == (r["epochs"] < args.update_epochs)
     assert any(r["backstop"] == 1 for r in rows), "the test needs an iteration the backstop stopped"

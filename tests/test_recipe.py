@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _trainer_utils import paper_rule
+from _references import paper_rule
 from conftest import assets_cache_root
 
 from recipes.hh_rlhf.arguments import HHScriptArguments, make_recipe_parser

@@ -10,10 +10,10 @@ import math
 
 import pytest
 import torch
+from _references import paper_rule
 from _trainer_utils import (
     attach_recorder,
     base_args,
-    paper_rule,
     tiny_dataset,
     tiny_tokenizer,
     vowel_reward,
