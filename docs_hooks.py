@@ -18,9 +18,13 @@ from mkdocs.structure.files import File
 PUBLISHED = [
     "results/benchmarks/**/*",
     "results/mujoco/report/**/*",
+    "results/mujoco/policy_lag_confirm/RULES.md",
+    "results/mujoco/policy_lag_confirm/report/**/*",
+    "results/mujoco/normalisation/*",
     "results/rlhf/report/**/*",
     "results/rlhf/*/report/**/*",
     "results/rlhf/v3/*/report/**/*",
+    "results/rlhf/v3/mismatch/*.md",
     "results/rlhf/tune/selection.*",
     "results/rlhf/v3/tune/selection.*",
 ]
