@@ -14,10 +14,15 @@ Presets are YAML files in ``recipes/configs/`` passed with ``--config``, as for 
 * ``hh_rlhf_tiny.yaml``: the embedded offline default, the same recipe on CPU on the tiny-HH world
   (``world: tiny``; ``tiny-hh/<asset>`` paths are built once and cached, see `recipes.tiny_hh`)::
 
-      accelerate launch --config_file recipes/accelerate_configs/cpu.yaml recipes/hh_rlhf_qwen.py \\
-          --config recipes/configs/hh_rlhf_tiny.yaml
+      accelerate launch --config_file recipes/accelerate_configs/cpu.yaml --num_cpu_threads_per_process 1 \\
+          recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_tiny.yaml
+
+  (one torch thread per process, as ``make demo`` runs it: 47 s against 8.8 min with two threads on a loaded
+  2-core machine, results/benchmarks/demo_timing.md.)
 
 * ``hh_rlhf_tiny_paper.yaml``: the paper's protocol (400 iterations) in the tiny world.
+* ``hh_rlhf_tiny_paper_v3.yaml``: the same protocol in the tiny world v3, whose validation and test questions
+  never occur in training and whose gold penalises ill-formed text.
 
 ``--method`` picks a registered method (`recipes.hh_rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl,
 sapo, cispo, dpo, sft); it applies its loss settings over the preset. Precedence: field defaults < method <

@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="run every script with --compile (the fast path; learning outcomes agree with the eager path "
+        help="pass --compile to every run (the fast path; learning outcomes agree with the eager path "
         "within seed noise: results/benchmarks/mujoco_compile_equivalence.md); same run names, each "
         "config.json records the mode, and a run may resume in either mode. Not with compile_equiv, whose "
         "runs fix their mode",

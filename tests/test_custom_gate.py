@@ -1,5 +1,5 @@
 """A gate defined here, registered with `register_gate`, works wherever a built-in gate does: `make_gate`,
-`RGPOConfig` (validation from its declared parameters), `RGPOTrainer` and the MuJoCo RGPO script."""
+`RGPOConfig` (validation from its declared parameters), `RGPOTrainer` and the MuJoCo lab runner's RGPO."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 
     python -m rgpo_lab.benchmarks.compiled_steps_per_call --out results/benchmarks/compiled_steps_per_call
 
+It measures the lab runner (`rgpo_lab.mujoco_runner`, the scripts before issue 48; the single-file scripts in
+mujoco_baselines/ have no --compile): "the scripts" below mean it.
+
 One epoch of the scripts' update (32 mini-batches of 64 from a 2048-step batch, Hopper-v4 shapes) through
 `CompiledAdamStep.run`, consumed as the scripts consume it (the loss checked, `float(grad_sq)`), for PPO's
 step (actor and critic, gradient statistics) and TRPO's value step (critic only). Every variant starts from

@@ -2,6 +2,9 @@
 
     python -m rgpo_lab.benchmarks.mujoco_profile --out results/benchmarks/mujoco_profile
 
+It measures the lab runner (`rgpo_lab.mujoco_runner`, the scripts before issue 48): "the script(s)" below
+mean its PPO, not the single-file scripts in mujoco_baselines/.
+
 Per environment step of a rollout, in rotating order over ``--rounds`` rounds (median of rounds, us/step):
 the script's per-step policy sample (``actor_mean`` through ``nn.Module`` calls), the same function applied to
 the same weights without module calls (``F.linear``/``tanh``; asserted bit-identical), the script's

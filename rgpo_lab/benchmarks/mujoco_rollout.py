@@ -3,6 +3,9 @@
 
     python -m rgpo_lab.benchmarks.mujoco_rollout --out results/benchmarks/mujoco_rollout
 
+It measures the lab runner (`rgpo_lab.mujoco_runner`, the scripts before issue 48): "the script(s)" below
+mean its RGPO, not the single-file scripts in mujoco_baselines/.
+
 `base` is the scripts' rollout step before it: `agent.actor_mean(obs[step]) + std * noise[step]` through
 `nn.Module` calls, the action written into a tensor, then `MujocoEnv.step`. Variants, in rotating order over
 `--rounds` rounds of one 2048-step rollout each, in one process (median of the per-round time ratios to

@@ -2,6 +2,9 @@
 
     python -m rgpo_lab.benchmarks.mujoco_speed --cleanrl-path /path/to/cleanrl [--env-id Hopper-v4]
 
+Ours is the lab runner (`rgpo_lab.mujoco_runner`, the scripts before issue 48): "our scripts" and "the
+scripts" below mean it, not the single-file scripts in mujoco_baselines/.
+
 ``--cleanrl-path`` is a local checkout of https://github.com/vwxyzjn/cleanrl (or the path of its
 ``cleanrl/ppo_continuous_action.py``); the PyPI ``cleanrl`` wheel does not install on Python 3.11.
 The file is copied to a temporary directory and only the gymnasium-1.x compatibility fixes listed

@@ -3,6 +3,9 @@ form.
 
     python -m rgpo_lab.benchmarks.trpo_fvp --out results/benchmarks/trpo_fvp
 
+It measures the lab runner (`rgpo_lab.mujoco_runner`, the scripts before issue 48): "the script" below means
+its TRPO, not the single-file script in mujoco_baselines/.
+
 The part of `trpo_step` that changed: 10 conjugate-gradient iterations plus the step-size product, on a
 2048-state batch (Hopper-v4 shapes: 11 observations, 3 actions). Variants, in rotating order over `--rounds`
 rounds in one process (median of the per-round time ratios to `rebuild`):
