@@ -505,7 +505,11 @@ def build(results: str = RESULTS, out: str = OUT, n_boot: int = 10_000, plots: b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.mujoco_confirm_report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--results", default=RESULTS)
     p.add_argument("--out", default=OUT)
     p.add_argument("--bootstrap", type=int, default=10_000)

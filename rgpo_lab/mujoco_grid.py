@@ -356,7 +356,11 @@ def run_suites(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.mujoco_grid",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("suites", nargs="*", help=f"suites to run: {', '.join(SUITES)}")
     p.add_argument(
         "--results", default=os.path.join(ROOT, "results", "mujoco"), help="results root directory"

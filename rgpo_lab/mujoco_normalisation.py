@@ -129,7 +129,11 @@ def measure(results: str, envs=ENVS, episodes: int = EPISODES) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.mujoco_normalisation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--results", default=os.path.join(ROOT, "results", "mujoco"))
     p.add_argument("--out", default=OUT)
     args = p.parse_args(argv)

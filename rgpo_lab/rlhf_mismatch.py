@@ -347,7 +347,11 @@ def precheck_md(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.rlhf_mismatch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("command", choices=["calibrate", "precheck", "rule"])
     p.add_argument("--steps", type=int, default=8, help="calibrate: generation steps per setting")
     a = p.parse_args(argv)

@@ -372,7 +372,11 @@ def build(results: str = RESULTS, out: str = OUT) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.rlhf_mismatch_report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--results", default=RESULTS)
     p.add_argument("--out", default=OUT)
     a = p.parse_args(argv)

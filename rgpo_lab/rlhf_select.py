@@ -128,7 +128,11 @@ def to_markdown(selection: dict, folder: str = "results/rlhf/tune") -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.rlhf_select",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("tune_dir", help="the tuning suite's results, e.g. results/rlhf/tune")
     a = p.parse_args(argv)
     if not os.path.isdir(a.tune_dir):

@@ -496,7 +496,11 @@ def run_suite(
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.rlhf_suite",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("suite", nargs="?", choices=[*SUITES, *SUITE_BUILDERS])
     p.add_argument("--results", default=os.path.join(ROOT, "results", "rlhf"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)

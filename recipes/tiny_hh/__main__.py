@@ -24,8 +24,9 @@ def ready_line(assets: build.TinyAssets, version: int, cached: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
+        prog="python -m recipes.tiny_hh",
         description="Build (if missing) the offline tiny-HH assets and say where they are; --manifest for "
-        "their paths and build info as JSON."
+        "their paths and build info as JSON.",
     )
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
     p.add_argument("--quick", action="store_true", help="the small variant used by the tests")

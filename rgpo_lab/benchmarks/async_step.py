@@ -185,7 +185,9 @@ def run_once(kind: str, model_dir: str, steps: int, warmup: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rgpo_lab.benchmarks.async_step",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--steps", type=int, default=8)

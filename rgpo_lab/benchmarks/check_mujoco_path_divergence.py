@@ -34,7 +34,11 @@ def rollout(module, env_id: str, fast: bool):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.benchmarks.check_mujoco_path_divergence",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_path_divergence"))
     a = p.parse_args()
     module = importlib.import_module("rgpo_lab.mujoco_runner.ppo_continuous_action")

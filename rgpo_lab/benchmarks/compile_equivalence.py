@@ -162,7 +162,9 @@ def markdown(r: dict, command: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rgpo_lab.benchmarks.compile_equivalence",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("results", help="the grid's results directory (holds compile_equiv/)")
     parser.add_argument("--out", default=os.path.join(RESULTS, "mujoco_compile_equivalence"))

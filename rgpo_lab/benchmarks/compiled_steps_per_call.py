@@ -109,7 +109,11 @@ def measure(step: str, width: int, rounds: int, T: int = 2048, mb: int = 64) -> 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.benchmarks.compiled_steps_per_call",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--out", default=os.path.join(RESULTS, "compiled_steps_per_call"))

@@ -78,7 +78,11 @@ def time_gymnasium(env_id, actions, seed):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.benchmarks.env_wrappers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--envs", nargs="+", default=["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"])
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--rounds", type=int, default=5)

@@ -86,7 +86,9 @@ def side_by_side(commands: list[tuple[list[str], str, dict]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rgpo_lab.benchmarks.mujoco_compile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--baseline-ref", help="git ref of the scripts to compare against (required to measure)"

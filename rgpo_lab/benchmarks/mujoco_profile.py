@@ -257,7 +257,11 @@ def update_costs(width: int, epochs: int) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.benchmarks.mujoco_profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", default=os.path.join(RESULTS, "mujoco_profile"))
     p.add_argument("--steps", type=int, default=2000, help="environment steps per rollout measurement")
     p.add_argument("--rounds", type=int, default=5)

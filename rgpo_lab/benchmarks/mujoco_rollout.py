@@ -116,7 +116,11 @@ def measure(env_id: str, width: int, rounds: int, T: int = 2048) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.benchmarks.mujoco_rollout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--envs", nargs="+", default=["Hopper-v4", "HalfCheetah-v4"])
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--rounds", type=int, default=20)

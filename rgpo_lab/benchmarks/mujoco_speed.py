@@ -355,7 +355,11 @@ def bootstrap_median_ci(values, n_boot=4000, seed=0):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.benchmarks.mujoco_speed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--cleanrl-path", required=True, help="local checkout of vwxyzjn/cleanrl (or the file)")
     p.add_argument("--env-id", default="Hopper-v4")
     p.add_argument("--total-timesteps", type=int, default=8192)

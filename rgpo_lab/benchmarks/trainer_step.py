@@ -144,7 +144,9 @@ def run_once(kind, model_dir, steps, completion_length, warmup_steps):
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rgpo_lab.benchmarks.trainer_step",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument(

@@ -111,7 +111,11 @@ def measure(width: int, rounds: int, n: int = 2048) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rgpo_lab.benchmarks.trpo_fvp",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--out", default=os.path.join(RESULTS, "trpo_fvp"))
