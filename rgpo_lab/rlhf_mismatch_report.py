@@ -41,6 +41,7 @@ CURVE_KEYS = {  # the per-step curves read from metrics.csv
     "gold": "rewards/gold/mean",
     "rejected_frac": "rgpo/rejected_frac",
     "outside_0.5_2": "mismatch/outside_0.5_2",
+    "outside_0.9_1.1": "mismatch/outside_0.9_1.1",
 }
 CURVE_BIN = 20  # steps per point of the plotted curves (a step's gold is the mean over 16 completions)
 
@@ -91,21 +92,65 @@ def read_run(d: str) -> dict | None:
     }
 
 
-def load(results: str = RESULTS) -> tuple[dict, list[str]]:
-    """{cell: {arm: [run per seed]}} of both suites, and the missing runs (suite/name)."""
+LAG_SUITE_CELLS = ("lag8", "lag32")  # v3/mismatch_lag's cells; the others are v3/mismatch's
+
+
+def _failed(d: str) -> bool:
+    """A run folder without heldout.json whose run.log ends in a Python error: it stopped, it is not running
+    or waiting to resume."""
+    log = os.path.join(d, "run.log")
+    if not os.path.exists(log):
+        return False
+    with open(log, errors="replace") as f:
+        tail = f.read()[-20000:]
+    return "Traceback (most recent call last)" in tail
+
+
+def load(results: str = RESULTS) -> tuple[dict, list[str], list[str]]:
+    """{cell: {arm: [run per seed]}} of both suites, the runs not finished (suite/name) and, among them, those
+    that failed (a Python error ends their run.log)."""
     from rgpo_lab.rlhf_suite import SUITE_BUILDERS
 
     data: dict = {}
-    missing = []
+    missing, failed = [], []
     for suite in ("v3/mismatch", "v3/mismatch_lag"):
         for r in SUITE_BUILDERS[suite](results):
             arm, cell = r.tag.split("__")
-            run = read_run(os.path.join(results, suite, r.name))
+            d = os.path.join(results, suite, r.name)
+            run = read_run(d)
             if run is None:
                 missing.append(f"{suite}/{r.name}")
+                if _failed(d):
+                    failed.append(f"{suite}/{r.name}")
                 continue
             data.setdefault(cell, {}).setdefault(arm, []).append({"seed": r.seed, **run})
-    return data, missing
+    return data, missing, failed
+
+
+def diverged(data) -> dict[str, list[str]]:
+    """Per cell, the runs whose test KL_ref exceeds 10x the mean of the same arm at fp32 (the pre-check's
+    divergence threshold), as "arm s<seed>"; they stay in every test (their gold is finite) and are named."""
+    out = {}
+    for cell, arms in data.items():
+        if cell == CONTROL:
+            continue
+        names = []
+        for arm, runs in arms.items():
+            control = _values(data, CONTROL, arm, "kl_ref")
+            if not control:
+                continue
+            limit = 10 * float(np.mean(control))
+            names += [f"{arm} s{r['seed']}" for r in runs if r["kl_ref"] is not None and r["kl_ref"] > limit]
+        if names:
+            out[cell] = names
+    return out
+
+
+def families(data) -> list[list[str]]:
+    """The Holm families of the across-cell tests (ignore hurt, each arm's change from fp32): each suite's
+    cells apart (v3/mismatch's, then v3/mismatch_lag's), the control shared (INTERPRETATION.md)."""
+    cells = [c for c in data if c != CONTROL]
+    return [[c for c in cells if c not in LAG_SUITE_CELLS], [c for c in cells if c in LAG_SUITE_CELLS]]
 
 
 def _values(data, cell, arm, key="gold") -> list[float]:
@@ -123,49 +168,67 @@ def cell_tests(data, cell: str) -> dict:
     peers = {a: np.mean(_values(data, cell, a)) for a in mm.PEERS if _values(data, cell, a)}
     rows = {}
     for a in arms:
-        words = verdict(gold[a].diff, gold_holm[a])
-        if words in ("higher", "lower"):
-            winner_kl_higher = (kl[a].diff > 0) == (words == "higher") and kl_holm[a] <= 0.05
-            if winner_kl_higher:
-                words = f"{words} gold at a higher KL_ref: undecided"
         rows[a] = {
             "n": len(_values(data, cell, a)),
+            "n_rgpo": len(_values(data, cell, "rgpo")),
             "gold_diff_vs_rgpo": gold[a].diff,
             "p": gold[a].p,
             "p_holm": gold_holm[a],
             "kl_ref_diff_vs_rgpo": kl[a].diff,
             "kl_p_holm": kl_holm[a],
-            "verdict": words,
+            "verdict": matched_kl_words(a, gold[a].diff, gold_holm[a], kl[a].diff, kl_holm[a]),
         }
-    return {"vs_rgpo": rows, "best_peer": max(peers, key=peers.get) if peers else None}
+    best = max(peers.values()) if peers else None
+    tied = [a for a in peers if peers[a] == best]
+    return {"vs_rgpo": rows, "best_peer": tied[0] if tied else None, "best_peer_tied_with": tied[1:]}
+
+
+def matched_kl_words(arm: str, gold_diff: float, p_holm: float, kl_diff: float, kl_holm: float) -> str:
+    """The rule's words for arm against rgpo: "rgpo higher / lower than <arm>" after Holm, a significant gold
+    difference whose winner has a significantly higher KL_ref "<winner> higher gold at a higher KL_ref:
+    undecided", and a win whose KL_ref cannot be tested (fewer than 2 values a side) undecided too."""
+    words = verdict(gold_diff, p_holm)
+    if words not in ("higher", "lower"):
+        return words
+    winner = arm if words == "higher" else "rgpo"
+    if not np.isfinite(kl_holm):
+        return f"{winner} higher gold, KL_ref not testable: undecided"
+    if kl_holm <= 0.05 and (kl_diff > 0) == (winner == arm):
+        return f"{winner} higher gold at a higher KL_ref: undecided"
+    return f"rgpo {'lower' if words == 'higher' else 'higher'} than {arm}"
 
 
 def hurt_by_cell(data) -> dict:
-    """Is ignore hurt in each cell (gold below ignore at fp32, Welch, Holm over the cells)? ``state``: hurt,
-    not hurt, or not tested (fewer than 2 finished runs a side)."""
-    cells = [c for c in data if c != CONTROL]
-    tests = {c: welch(_values(data, c, "ignore"), _values(data, CONTROL, "ignore")) for c in cells}
-    adjusted = dict(zip(cells, holm([tests[c].p for c in cells]), strict=True))
+    """Is ignore hurt in each cell (gold below ignore at fp32, Welch, Holm over each suite's cells)?
+    ``state``: hurt, not hurt, or not tested (fewer than 2 finished runs a side); ``n``: ignore's runs in the
+    cell and at fp32."""
     out = {}
-    for c in cells:
-        tested = bool(np.isfinite(adjusted[c]))
-        ranks = tested and adjusted[c] <= 0.05 and tests[c].diff < 0
-        state = "hurt" if ranks else ("not hurt" if tested else "not tested")
-        out[c] = {"diff": tests[c].diff, "p_holm": adjusted[c], "ranks": bool(ranks), "state": state}
+    for cells in families(data):
+        tests = {c: welch(_values(data, c, "ignore"), _values(data, CONTROL, "ignore")) for c in cells}
+        adjusted = dict(zip(cells, holm([tests[c].p for c in cells]), strict=True))
+        for c in cells:
+            tested = bool(np.isfinite(adjusted[c]))
+            ranks = tested and adjusted[c] <= 0.05 and tests[c].diff < 0
+            out[c] = {
+                "diff": tests[c].diff,
+                "p_holm": adjusted[c],
+                "ranks": bool(ranks),
+                "state": "hurt" if ranks else ("not hurt" if tested else "not tested"),
+                "n": [len(_values(data, c, "ignore")), len(_values(data, CONTROL, "ignore"))],
+                "family": cells,
+            }
     return out
 
 
 def change_from_control(data) -> dict:
-    """Per arm, gold in each cell minus gold at fp32 (Welch, Holm over the cells)."""
-    out = {}
-    cells = [c for c in data if c != CONTROL]
-    for arm in mm.ARMS:
-        tests = {c: welch(_values(data, c, arm), _values(data, CONTROL, arm)) for c in cells}
-        adjusted = holm([tests[c].p for c in cells])
-        out[arm] = {
-            c: {"diff": tests[c].diff, "p_holm": p, "verdict": verdict(tests[c].diff, p)}
-            for c, p in zip(cells, adjusted, strict=True)
-        }
+    """Per arm, gold in each cell minus gold at fp32 (Welch, Holm over each suite's cells)."""
+    out: dict = {arm: {} for arm in mm.ARMS}
+    for cells in families(data):
+        for arm in mm.ARMS:
+            tests = {c: welch(_values(data, c, arm), _values(data, CONTROL, arm)) for c in cells}
+            adjusted = holm([tests[c].p for c in cells])
+            for c, p in zip(cells, adjusted, strict=True):
+                out[arm][c] = {"diff": tests[c].diff, "p_holm": p, "verdict": verdict(tests[c].diff, p)}
     return out
 
 
@@ -174,13 +237,12 @@ def _f(x, d=3) -> str:
 
 
 def _p(x) -> str:
-    return "-" if x is None or not np.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
-
-
-HURT_NOTE = {
-    "not hurt": " (ignore is not hurt here: this cell cannot rank the corrections)",
-    "not tested": " (whether ignore is hurt is not tested yet: fewer than 2 finished runs a side)",
-}
+    """3 decimals, 4 near the 0.05 threshold (so 0.0496 and 0.0504 do not both read 0.050)."""
+    if x is None or not np.isfinite(x):
+        return "-"
+    if 0.04 <= x < 0.06:
+        return f"{x:.4f}"
+    return f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
 
 
 def _window_mean(runs, key) -> float | None:
@@ -202,16 +264,50 @@ def _missing_summary(missing: list[str]) -> list[str]:
     return lines
 
 
-def report_md(data, missing, tests, hurt, changes) -> str:
+def _precheck_line() -> str:
+    path = os.path.join(mm.OUT, "precheck.json")
+    if not os.path.exists(path):
+        return "Positive control: no precheck.json."
+    with open(path) as f:
+        pre = json.load(f)
+    if not pre.get("complete"):
+        return "Positive control (precheck.md): not complete."
+    hurt_at = pre.get("hurt_at")
+    if hurt_at is None:
+        return "Positive control (precheck.md): no rung hurt ignore, so no cell can rank the corrections."
+    return (
+        f"Positive control (precheck.md): passed, ignore hurt at sigma {hurt_at:g} (n = 3 a side), which "
+        f"joined the suite as cell sigma{hurt_at:g}."
+    )
+
+
+def _cell_note(cell: str, hurt: dict, complete: bool) -> str:
+    """Whether the cell can rank the corrections (only where ignore is hurt: the rule), in words."""
+    if cell == CONTROL:
+        return "the control: this cell cannot rank the corrections"
+    h = hurt.get(cell, {"state": "not tested", "n": [0, 0]})
+    n = f"n = {h['n'][0]} vs {h['n'][1]}" if complete else f"interim; n = {h['n'][0]} vs {h['n'][1]}"
+    if h["state"] == "hurt":
+        return f"ignore is hurt here ({n}, Holm p = {_p(h['p_holm'])}): this cell ranks the corrections"
+    if h["state"] == "not hurt":
+        p_holm = _p(h["p_holm"])
+        return f"ignore is not hurt here ({n}, Holm p = {p_holm}): this cell cannot rank the corrections"
+    return f"whether ignore is hurt is not tested yet ({n}; fewer than 2 finished runs a side)"
+
+
+def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str:
     total = len(missing) + sum(len(v) for c in data.values() for v in c.values())
     status = "final" if not missing else f"INTERIM: {total - len(missing)} of {total} runs finished"
+    complete = not missing
     lines = [
         "# Sampler mismatch and staleness: which correction, and did RGPO's gate act?",
         "",
-        f"Command: `python -m rgpo_lab.rlhf_mismatch_report`. Rule: results/rlhf/v3/mismatch/RULES.md. "
-        f"Status: **{status}**.",
+        f"Command: `python -m rgpo_lab.rlhf_mismatch_report`. Rule: results/rlhf/v3/mismatch/RULES.md "
+        f"(interpretations fixed before the final reading: INTERPRETATION.md). Status: **{status}**.",
         "",
-        "## Test gold per cell and arm (mean ± std (n)); KL_ref (test) below",
+        _precheck_line(),
+        "",
+        "## Test gold per cell and arm (mean ± std (n); after the semicolon the mean test KL_ref)",
         "",
         "| cell | " + " | ".join(mm.ARMS) + " | ignore hurt vs fp32 (Holm p) |",
         "|---|" + "---|" * (len(mm.ARMS) + 1),
@@ -224,7 +320,12 @@ def report_md(data, missing, tests, hurt, changes) -> str:
         h = hurt.get(cell)
         hurt_cell = "control" if h is None else f"{h['state']} ({_p(h['p_holm'])})"
         lines.append(f"| {cell} | " + " | ".join(cells) + f" | {hurt_cell} |")
+    fam = [f for f in families(data) if f]
     lines += [
+        "",
+        "Holm families of the across-cell tests (ignore hurt; each arm's change from fp32): "
+        + "; ".join("{" + ", ".join(f) + "}" for f in fam)
+        + " (each suite's cells, the fp32 control shared).",
         "",
         "Training gold per step (the gold reward of the step's 16 completions; every arm, the mean over "
         f"seeds and a band of one standard error, {CURVE_BIN}-step bins): ![curves](curves.png)",
@@ -232,27 +333,38 @@ def report_md(data, missing, tests, hurt, changes) -> str:
         "## Every arm against rgpo, per cell (gold difference, Holm within the cell; matched KL)",
         "",
     ]
+    if not complete:
+        lines += ["Interim: every verdict below is on the runs finished so far (n = arm / rgpo).", ""]
     for cell, t in tests.items():
-        state = "hurt" if cell == CONTROL else hurt.get(cell, {}).get("state", "not tested")
         peer = t["best_peer"]
-        lines.append(f"**{cell}**{HURT_NOTE.get(state, '')}; best peer: {peer}")
+        tie = f" (tied with {', '.join(t['best_peer_tied_with'])})" if t.get("best_peer_tied_with") else ""
+        lines.append(f"**{cell}** ({_cell_note(cell, hurt, complete)}); best peer: {peer}{tie}")
         lines.append("")
-        lines.append("| arm | n | gold - rgpo | Holm p | KL_ref - rgpo | KL Holm p | verdict |")
+        lines.append("| arm | n (arm / rgpo) | gold - rgpo | Holm p | KL_ref - rgpo | KL Holm p | verdict |")
         lines.append("|---|---|---|---|---|---|---|")
         for arm, r in t["vs_rgpo"].items():
             lines.append(
-                f"| {arm} | {r['n']} | {_f(r['gold_diff_vs_rgpo'])} | {_p(r['p_holm'])} | "
+                f"| {arm} | {r['n']} / {r['n_rgpo']} | {_f(r['gold_diff_vs_rgpo'])} | {_p(r['p_holm'])} | "
                 f"{_f(r['kl_ref_diff_vs_rgpo'])} | {_p(r['kl_p_holm'])} | {r['verdict']} |"
             )
         if peer is not None:
-            r = t["vs_rgpo"][peer]
-            lines += ["", f"rgpo against the best peer ({peer}): {_against_peer(r)}."]
+            ranks = cell != CONTROL and hurt.get(cell, {}).get("ranks", False)
+            prefix = "" if ranks else "(this cell does not rank the corrections) "
+            lines += [
+                "",
+                f"{prefix}rgpo against the best peer ({peer}): {_against_peer(peer, t['vs_rgpo'][peer])}.",
+            ]
+        if cell in diverged_runs:
+            lines += [
+                "",
+                f"Diverged (test KL_ref above 10x the arm's fp32 mean): {', '.join(diverged_runs[cell])}.",
+            ]
         lines.append("")
     lines += [
-        "## Did the gate act? (window means, steps 304-400, rgpo's runs)",
+        "## Did the gate act? (rgpo's runs, window means over steps 305-400: mean ± std (n))",
         "",
         "rejected: share of tokens with g(r) < 0.1 at the step's forward (at lag 1, before the step's "
-        "update); per step in ![gate](gate.png)",
+        f"update); along training ({CURVE_BIN}-step bins) in ![gate](gate.png)",
         "",
         "| cell | outside [0.9, 1.1] | outside [0.5, 2] | below rejection | rgpo rejected | rgpo kl_coef |",
         "|---|---|---|---|---|---|",
@@ -260,10 +372,11 @@ def report_md(data, missing, tests, hurt, changes) -> str:
     for cell in data:
         rg = data[cell].get("rgpo", [])
         keys = ("outside_0.9_1.1", "outside_0.5_2", "below_rejection", "rejected_frac", "kl_coef")
-        lines.append(f"| {cell} | " + " | ".join(_f(_window_mean(rg, k)) for k in keys) + " |")
+        lines.append(f"| {cell} | " + " | ".join(_window_spread(rg, k) for k in keys) + " |")
     lines += [
         "",
-        "## The corrections' weights (window means: mean weight; largest weight; share of zero weights)",
+        "## The corrections' weights (window means: mean weight; each step's largest weight; share of zero "
+        "weights)",
         "",
         "| cell | " + " | ".join(mm.ARMS) + " |",
         "|---|" + "---|" * len(mm.ARMS),
@@ -275,7 +388,7 @@ def report_md(data, missing, tests, hurt, changes) -> str:
             keys = ("weight_mean", "weight_max", "zero_weight_frac")
             row.append("; ".join(_f(_window_mean(runs, k), 2) for k in keys))
         lines.append(f"| {cell} | " + " | ".join(row) + " |")
-    lines += ["", "## Each arm's change of gold from the fp32 cell (Holm over the cells)", ""]
+    lines += ["", "## Each arm's change of gold from the fp32 cell (Holm over each suite's cells)", ""]
     cells = [c for c in data if c != CONTROL]
     lines.append("| arm | " + " | ".join(cells) + " |")
     lines.append("|---|" + "---|" * len(cells))
@@ -283,23 +396,32 @@ def report_md(data, missing, tests, hurt, changes) -> str:
         lines.append(
             f"| {arm} | " + " | ".join(f"{_f(per[c]['diff'])} ({_p(per[c]['p_holm'])})" for c in cells) + " |"
         )
+    if failed:
+        lines += ["", f"## Failed ({len(failed)}: a Python error ended the run; not replaced)", ""]
+        lines += [", ".join(failed)]
     if missing:
         lines += ["", f"## Not finished ({len(missing)}; every name in studies.json)", ""]
         lines += _missing_summary(missing)
     return "\n".join(lines) + "\n"
 
 
-def _against_peer(r: dict) -> str:
-    """The vs-rgpo row of the best peer read from rgpo's side."""
+def _window_spread(runs, key) -> str:
+    x = [r["window"][key] for r in runs if r["window"].get(key) is not None]
+    if not x:
+        return "-"
+    m = mean_std(x)
+    return f"{_f(m.mean)} ± {_f(m.std)} ({m.n})"
+
+
+def _against_peer(peer: str, r: dict) -> str:
+    """The vs-rgpo row of the best peer, with the numbers from rgpo's side."""
+    numbers = (
+        f"(gold {_f(-r['gold_diff_vs_rgpo'])}, n = {r['n_rgpo']} / {r['n']}, Holm p = {_p(r['p_holm'])})"
+    )
     words = r["verdict"]
     if words.startswith("not tested"):
         return words
-    numbers = f"(gold {_f(-r['gold_diff_vs_rgpo'])}, n = {r['n']}, Holm p = {_p(r['p_holm'])})"
-    if words.endswith("undecided"):  # the peer's gold is higher or lower, at a significantly higher KL_ref
-        side = "lower" if words.startswith("higher") else "higher"
-        return f"{side} gold, the peer at a significantly higher KL_ref: undecided {numbers}"
-    flipped = {"higher": "lower", "lower": "higher"}.get(words, words)
-    return f"{flipped} {numbers}"
+    return f"{words} {numbers}"
 
 
 def _binned(curve, width=CURVE_BIN) -> dict[int, float]:
@@ -311,7 +433,8 @@ def _binned(curve, width=CURVE_BIN) -> dict[int, float]:
 
 def figures(data, out: str) -> None:
     """curves.png: per cell, every arm's binned training gold (mean over seeds, band of one standard error);
-    gate.png: per cell, rgpo's rejected share and the share of ratios outside [0.5, 2]."""
+    gate.png: per cell, rgpo's rejected share and the shares of ratios outside [0.5, 2] and [0.9, 1.1]. Each
+    arm / series keeps one colour in every panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -320,7 +443,7 @@ def figures(data, out: str) -> None:
     cells = list(data)
     for name, arms, keys in (
         ("curves.png", mm.ARMS, ("gold",)),
-        ("gate.png", ("rgpo",), ("rejected_frac", "outside_0.5_2")),
+        ("gate.png", ("rgpo",), ("rejected_frac", "outside_0.5_2", "outside_0.9_1.1")),
     ):
         cols = 4
         rows = max(1, math.ceil(len(cells) / cols))
@@ -338,18 +461,19 @@ def figures(data, out: str) -> None:
                     mean = y.mean(0)
                     se = y.std(0, ddof=1) / np.sqrt(len(y)) if len(y) > 1 else np.zeros_like(mean)
                     label = arm if len(keys) == 1 else key
-                    ax.plot(steps, mean, label=f"{label} (n={len(y)})", lw=1)
-                    ax.fill_between(steps, mean - se, mean + se, alpha=0.2)
+                    colour = f"C{(list(arms).index(arm) if len(keys) == 1 else keys.index(key)) % 10}"
+                    ax.plot(steps, mean, label=label, lw=1, color=colour)
+                    ax.fill_between(steps, mean - se, mean + se, alpha=0.2, color=colour)
             ax.set_title(cell, fontsize=9)
             ax.set_xlabel("step", fontsize=8)
             ax.tick_params(labelsize=7)
         for ax in list(axes.flat)[len(cells) :]:
             ax.axis("off")
-        handles, labels = axes.flat[0].get_legend_handles_labels()
-        if handles:
-            fig.legend(
-                handles, [lab.split(" (n=")[0] for lab in labels], loc="lower center", ncol=8, fontsize=8
-            )
+        series = list(arms) if len(keys) == 1 else list(keys)
+        handles = [
+            matplotlib.lines.Line2D([], [], color=f"C{i % 10}", label=label) for i, label in enumerate(series)
+        ]
+        fig.legend(handles=handles, loc="lower center", ncol=8, fontsize=8)
         ylabel = "training gold (16 completions a step)" if name == "curves.png" else "share of tokens"
         fig.supylabel(ylabel, fontsize=9, x=0.002)
         fig.tight_layout(rect=(0, 0.05, 1, 1))
@@ -358,16 +482,27 @@ def figures(data, out: str) -> None:
 
 
 def build(results: str = RESULTS, out: str = OUT) -> str:
-    data, missing = load(results)
+    data, missing, failed = load(results)
     tests = {cell: cell_tests(data, cell) for cell in data}
-    hurt, changes = hurt_by_cell(data), change_from_control(data)
-    md = report_md(data, missing, tests, hurt, changes)
+    hurt, changes, diverged_runs = hurt_by_cell(data), change_from_control(data), diverged(data)
+    md = report_md(data, missing, failed, tests, hurt, changes, diverged_runs)
     os.makedirs(out, exist_ok=True)
     figures(data, out)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(md)
     with open(os.path.join(out, "studies.json"), "w") as f:
-        json.dump(plain({"missing": missing, "cells": tests, "hurt": hurt, "changes": changes}), f, indent=1)
+        status = "final" if not missing else "interim"
+        summary = {
+            "status": status,
+            "missing": missing,
+            "failed": failed,
+            "diverged": diverged_runs,
+            "families": families(data),
+            "cells": tests,
+            "hurt": hurt,
+            "changes": changes,
+        }
+        json.dump(plain(summary), f, indent=1, allow_nan=False)
     return md
 
 

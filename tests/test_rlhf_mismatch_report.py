@@ -49,8 +49,8 @@ def test_tests_match_scipy_and_holm_and_matched_kl(tmp_path, monkeypatch):
     results = _study(tmp_path, monkeypatch, gold, kl)
     md = rep.build(results, str(tmp_path / "out"))
     s = json.loads((tmp_path / "out" / "studies.json").read_text())
-    data, missing = rep.load(results)
-    assert missing == [] and "Status: **final**" in md
+    data, missing, failed = rep.load(results)
+    assert missing == [] and failed == [] and "Status: **final**" in md
     cell = s["cells"]["sigma1.0"]["vs_rgpo"]
     arms = [a for a in mm.ARMS if a != "rgpo"]
     ps = [
@@ -65,18 +65,24 @@ def test_tests_match_scipy_and_holm_and_matched_kl(tmp_path, monkeypatch):
         running = max(running, min(1.0, (m - rank) * ps[i]))
         adjusted[i] = running
     assert [cell[a]["p_holm"] for a in arms] == pytest.approx(adjusted)
-    assert cell["ignore"]["verdict"] == "lower" and cell["tis"]["verdict"] == "higher"
-    assert cell["icepop"]["verdict"] == "higher gold at a higher KL_ref: undecided"
+    assert cell["ignore"]["verdict"] == "rgpo higher than ignore"
+    assert cell["tis"]["verdict"] == "rgpo lower than tis"
+    assert cell["icepop"]["verdict"] == "icepop higher gold at a higher KL_ref: undecided"
     assert s["cells"]["sigma1.0"]["best_peer"] in ("tis", "icepop")
     # ignore is hurt only at sigma 1.0: the other cells say they cannot rank
     assert s["hurt"]["sigma1.0"]["ranks"] and not s["hurt"]["int8"]["ranks"]
-    assert "**int8** (ignore is not hurt here: this cell cannot rank the corrections)" in md
+    assert "**int8** (ignore is not hurt here (n = 5 vs 5, Holm p = 1.000): this cell cannot rank" in md
+    assert "**fp32** (the control: this cell cannot rank the corrections)" in md
+    # the across-cell families: each suite's cells (INTERPRETATION.md)
+    assert s["families"][1] == ["lag8", "lag32"]
+    assert sorted(s["families"][0]) == sorted(c for c in data if c not in ("fp32", "lag8", "lag32"))
+    assert set(s["hurt"]["lag8"]["family"]) == {"lag8", "lag32"}
     assert s["changes"]["ignore"]["sigma1.0"]["verdict"] == "lower"
     assert data["fp32"]["rgpo"][0]["window"]["rejected_frac"] == pytest.approx(0.1)  # window: steps 305-400
     peer = s["cells"]["sigma1.0"]["best_peer"]  # read from rgpo's side: rgpo is lower than the best peer
     expected = {
-        "tis": "lower (gold",
-        "icepop": "lower gold, the peer at a significantly higher KL_ref: undecided",
+        "tis": "rgpo lower than tis (gold -0.",
+        "icepop": "icepop higher gold at a higher KL_ref: undecided (gold -0.",
     }
     assert f"rgpo against the best peer ({peer}): {expected[peer]}" in md
     gold_curve = dict(data["fp32"]["tis"][0]["curves"]["gold"])
@@ -105,10 +111,31 @@ def test_untested_hurt_is_not_called_not_hurt(tmp_path, monkeypatch):
     assert "**int8** (whether ignore is hurt is not tested yet" in md
 
 
-def test_best_peer_line_reads_from_rgpos_side():
-    row = {"gold_diff_vs_rgpo": 0.3, "n": 5, "p_holm": 0.01}
-    higher = rep._against_peer({**row, "verdict": "higher"})
-    assert higher.startswith("lower (gold -0.300, n = 5, Holm p = 0.010)")
-    assert rep._against_peer({**row, "verdict": "no significant difference"}).startswith("no significant")
-    undecided = rep._against_peer({**row, "verdict": "higher gold at a higher KL_ref: undecided"})
-    assert undecided.startswith("lower gold, the peer at a significantly higher KL_ref: undecided")
+def test_matched_kl_words_name_the_winner():
+    """The rule's words from rgpo's side; a win at a significantly higher KL_ref is the winner's, named."""
+    w = rep.matched_kl_words
+    assert w("tis", 0.3, 0.01, 0.0, 0.9) == "rgpo lower than tis"
+    assert w("tis", -0.3, 0.01, 0.0, 0.9) == "rgpo higher than tis"
+    assert w("tis", 0.3, 0.01, 0.5, 0.01) == "tis higher gold at a higher KL_ref: undecided"
+    assert w("tis", -0.3, 0.01, -0.5, 0.01) == "rgpo higher gold at a higher KL_ref: undecided"
+    assert w("tis", -0.3, 0.01, 0.5, 0.01) == "rgpo higher than tis"  # rgpo wins at a lower KL_ref
+    assert w("tis", 0.3, 0.01, 0.5, float("nan")) == "tis higher gold, KL_ref not testable: undecided"
+    assert w("tis", 0.3, 0.2, 0.5, 0.01) == "no significant difference"
+    row = {"gold_diff_vs_rgpo": 0.3, "n": 5, "n_rgpo": 4, "p_holm": 0.0496, "verdict": "rgpo lower than tis"}
+    assert rep._against_peer("tis", row) == "rgpo lower than tis (gold -0.300, n = 4 / 5, Holm p = 0.0496)"
+
+
+def test_crashed_runs_are_failed_and_diverged_runs_named(tmp_path, monkeypatch):
+    """A run folder whose run.log ends in a traceback is listed as failed (the report stays interim); a
+    finished run with test KL_ref above 10x its arm's fp32 mean stays in the tests and is named."""
+    kl = {("rgpo", "sigma1.0"): 5.0}  # 50x rgpo's fp32 mean of 0.1
+    results = _study(tmp_path, monkeypatch, {}, kl=kl, skip={"tis__tis__int8__s3"})
+    crashed = tmp_path / "rlhf" / "v3" / "mismatch" / "tis__tis__int8__s3"
+    crashed.mkdir(parents=True)
+    (crashed / "run.log").write_text("step 3\nTraceback (most recent call last):\nValueError: kl\n")
+    md = rep.build(results, str(tmp_path / "out"))
+    s = json.loads((tmp_path / "out" / "studies.json").read_text())
+    assert s["failed"] == ["v3/mismatch/tis__tis__int8__s3"] and s["status"] == "interim"
+    assert "## Failed (1" in md and "INTERIM" in md
+    assert s["diverged"]["sigma1.0"] == [f"rgpo s{seed}" for seed in mm.SEEDS]
+    assert s["cells"]["sigma1.0"]["vs_rgpo"]["tis"]["n_rgpo"] == len(mm.SEEDS)  # diverged runs stay in
