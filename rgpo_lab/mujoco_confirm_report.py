@@ -5,16 +5,23 @@ RULES.md, committed before its runs.
 
 Run from the repository root. Reads every run the suite lists (its own and the ones it reuses from
 policy_lag, main_compiled and annealed5), so a partial suite gives an interim report that names what is
-missing. Outcome: the deterministic evaluation return at 1M steps, normalised by
-rgpo_lab.mujoco_normalisation.
+missing, by class (not started, incomplete, failed). Outcome: the deterministic evaluation return at 1M
+steps, normalised by rgpo_lab.mujoco_normalisation. The status is final only with every run finished and
+every one of the suite's own runs on the suite commit's code path (`code_path_check`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import json
 import os
+import re
+import subprocess
 import sys
+from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +42,7 @@ from rgpo_lab.statistics import (
 
 RESULTS = os.path.join(ROOT, "results", "mujoco")
 OUT = os.path.join(RESULTS, "policy_lag_confirm", "report")
+SUITE = "policy_lag_confirm"
 ARMS = {  # arm -> (method, variant), in the order of the tables
     "ppo_dec": ("ppo", "lag8_decoupled"),
     "rgpo_dec": ("rgpo", "lag8_decoupled"),
@@ -66,67 +74,143 @@ COMPARISONS = (
 )
 START_KEYS = ("start_ratio_beyond_1.2", "start_ratio_beyond_2", "start_ratio_max", "start_rejected_frac")
 EPOCH_KEYS = ("rejected_frac", "ratio_max", "kl_coef", "epochs")
+MISSING_CLASSES = ("not started", "incomplete", "failed")
 
 
 def run_dir(results: str, r: GridRun) -> str:
     return os.path.join(results, r.suite, r.name)
 
 
-def load(results: str = RESULTS) -> tuple[dict, list[str]]:
-    """{arm: {env: [(seed, eval return, metrics rows)]}} of the finished runs, and the missing runs' names."""
+class Suite(NamedTuple):
+    data: dict  # {arm: {env: [(seed, eval return, metrics rows)]}} of the finished runs
+    missing: dict  # {class in MISSING_CLASSES: [suite/run]}: the runs not read
+    why_failed: dict  # {suite/run: what failed}
+    commits: dict  # {suite/run: [every commit it ran at]} of the finished runs
+
+
+# a grid session's first line in run.log: "# 2026-11-26 16:54:55 <command>"
+LOG_SESSION = re.compile(r"^# \d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", re.MULTILINE)
+
+
+def log_error(d: str) -> str | None:
+    """The error run.log ends with, if its last session (after the grid's last start line) has a traceback
+    or the scripts' one-line ``error: ...``; None otherwise (no log, or a run that is still going)."""
+    path = os.path.join(d, "run.log")
+    if not os.path.isfile(path):
+        return None
+    with open(path, errors="replace") as f:
+        text = f.read()
+    starts = [m.start() for m in LOG_SESSION.finditer(text)]
+    last = text[starts[-1] :] if starts else text
+    lines = [line.strip() for line in last.splitlines() if line.strip()]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines) or any(
+        line.startswith("error: ") for line in lines
+    ):
+        return lines[-1][:200]
+    return None
+
+
+def run_commits(d: str) -> list[str]:
+    """Every commit a run ran at: final.json's ``git_commits`` (one per session, resumes included), else
+    config.json's ``git_commit`` (rewritten on each resume: the last session's only), else ["unknown"]."""
+    for name, key in (("final.json", "git_commits"), ("config.json", "git_commit")):
+        try:
+            with open(os.path.join(d, name)) as f:
+                value = json.load(f).get(key)
+        except (OSError, ValueError):
+            continue
+        commits = [value] if isinstance(value, str) else [c for c in value or [] if c]
+        if commits:
+            return commits
+    return ["unknown"]
+
+
+def load(results: str = RESULTS) -> Suite:
+    """Every run the suite lists: the finished ones read, the others classed. Failed: final.json without a
+    finite ``eval_return_mean`` (read, never used), or no final.json and run.log ending with an error;
+    incomplete: a run folder (metrics, config or log) without final.json; not started: no run folder."""
     import pandas as pd
 
     by_key = {v: k for k, v in ARMS.items()}
     data: dict = {arm: {env: [] for env in CONFIRM_ENVS} for arm in ARMS}
-    missing = []
-    for r in SUITES["policy_lag_confirm"]:
-        d = run_dir(results, r)
+    missing: dict = {c: [] for c in MISSING_CLASSES}
+    why_failed, commits = {}, {}
+    for r in SUITES[SUITE]:
+        d, name = run_dir(results, r), f"{r.suite}/{r.name}"
         final = os.path.join(d, "final.json")
         if not os.path.isfile(final):
-            missing.append(f"{r.suite}/{r.name}")
+            error = log_error(d)
+            if error is not None:
+                missing["failed"].append(name)
+                why_failed[name] = f"run.log ends with an error: {error}"
+            elif os.path.isdir(d) and os.listdir(d):
+                missing["incomplete"].append(name)
+            else:
+                missing["not started"].append(name)
             continue
         with open(final) as f:
-            ret = float(json.load(f)["eval_return_mean"])
+            ret = json.load(f).get("eval_return_mean")
+        if not isinstance(ret, int | float) or not np.isfinite(ret):
+            missing["failed"].append(name)
+            why_failed[name] = f"final.json's eval_return_mean is {ret!r}"
+            continue
         metrics = pd.read_csv(os.path.join(d, "metrics.csv"))
-        data[by_key[(r.method, r.variant)]][r.env_id].append((r.seed, ret, metrics))
-        commit = "unknown"
-        if os.path.isfile(os.path.join(d, "config.json")):
-            with open(os.path.join(d, "config.json")) as f:
-                commit = json.load(f).get("git_commit") or "unknown"
-        COMMITS.setdefault(commit, []).append(f"{r.suite}/{r.name}")
-    return data, missing
+        data[by_key[(r.method, r.variant)]][r.env_id].append((r.seed, float(ret), metrics))
+        commits[name] = run_commits(d)
+    return Suite(data, missing, why_failed, commits)
 
 
-COMMITS: dict[str, list[str]] = {}  # git commit -> the runs made with it (filled by `load`)
 SUITE_COMMIT = "393cfc0"  # the commit the suite was fixed at; its runs are launched from a worktree of it
-# what decides a run's trajectory: the scripts, the loss, the gates, the controllers
+# What decides a run's trajectory, compared file by file as syntax trees: the scripts (what the old scripts
+# and the lab runner import from rgpo_trl: the package, rgpo_trl.core, rgpo_trl.core.kl_control and
+# rgpo_trl.cli), the loss, the gates, the controllers, the registry they are made through, and the command
+# line wrapper (run_main).
 CODE_PATH = (
     "mujoco_baselines",
+    "rgpo_trl/cli.py",
     "rgpo_trl/core/gates.py",
     "rgpo_trl/core/objective.py",
     "rgpo_trl/core/kl_control.py",
+    "rgpo_trl/core/registry.py",
 )
+# The packages the scripts take names from (``rgpo_trl.rgpo_loss``, ``from rgpo_trl.core import
+# PAPER_KL_DEFAULTS``): compared by those names, each followed to the module it is re-exported from, so a new
+# export beside them (issue 47's rgpo_trl.core.corrections) is not a different code path. A submodule such a
+# package imports only at the compared commit is run on import: it must take none of the runner's names and
+# touch none of the code path's registries and constants (`_inert`), else the commit is not checked.
+PACKAGES = {"rgpo_trl": "rgpo_trl/__init__.py", "rgpo_trl.core": "rgpo_trl/core/__init__.py"}
 # From issue 48 on, the code the suite's runs execute (mujoco_baselines/ at the suite commit) is the lab
 # runner, moved here with its code unchanged but for import paths; mujoco_baselines/ then holds the product's
 # single-file scripts, which the grid does not run. At such a commit the suite commit's
-# mujoco_baselines/<file> is compared with RUNNER/<file>.
+# mujoco_baselines/<file> is compared with RUNNER/<file>, and the runner's file list with the suite commit's:
+# its one new file, the entry point ``python -m rgpo_lab.mujoco_runner <method>`` (it calls the method
+# module's main with its Args and SCRIPT_ERRORS, as each script's ``if __name__ == "__main__"`` line does), is
+# compared with its version of RUNNER_ENTRY's commit; any other new file leaves the commit not checked.
 RUNNER = "rgpo_lab/mujoco_runner"
+RUNNER_ENTRY = ("__main__.py", "a3d1242")
 OLD_PACKAGE, RUNNER_PACKAGE = "mujoco_baselines", "rgpo_lab.mujoco_runner"
 
 
+@functools.cache
 def _git_show(commit: str, path: str) -> str | None:
-    import subprocess
-
     shown = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{path}"], capture_output=True, text=True)
     return shown.stdout if shown.returncode == 0 else None
+
+
+def _git_ls(commit: str, *paths: str) -> list[str] | None:
+    """The files under ``paths`` at ``commit``; None where git cannot tell."""
+    listed = subprocess.run(
+        ["git", "-C", ROOT, "ls-tree", "-r", "--name-only", commit, "--", *paths],
+        capture_output=True,
+        text=True,
+    )
+    return listed.stdout.split() if listed.returncode == 0 else None
 
 
 def _code_without_finish(commit: str, path: str) -> str | None:
     """``path`` at ``commit`` as an AST dump without TrainingRun.finish (it only prints the closing line) and
     without docstrings (help texts), imports of the old package ``mujoco_baselines`` written as the runner's
     ``rgpo_lab.mujoco_runner`` (its location from issue 48 on)."""
-    import ast
-
     source = _git_show(commit, path)
     if source is None:
         return None
@@ -152,31 +236,188 @@ def _code_without_finish(commit: str, path: str) -> str | None:
     return ast.dump(tree)
 
 
-def same_code_path(commit: str) -> bool | None:
-    """Whether ``commit`` has the suite commit's scripts, loss, gates and controllers (CODE_PATH), compared
-    as syntax trees, TrainingRun.finish (the closing console line) and docstrings left out; at a commit with
-    the lab runner (issue 48 on) the suite commit's mujoco_baselines/ is compared with the runner (RUNNER).
-    None where git cannot tell (an unknown commit, a file missing at ``commit``)."""
-    import subprocess
+def _names_taken(source: str) -> set[tuple[str, str]]:
+    """(package, name) for every name a script takes from PACKAGES: ``from rgpo_trl.core import X`` and
+    ``rgpo_trl.X`` after ``import rgpo_trl``."""
+    tree = ast.parse(source)
+    aliases = {}
+    taken = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in PACKAGES:
+            taken |= {(node.module, a.name) for a in node.names}
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name: a.name for a in node.names if a.name in PACKAGES})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            taken.add((aliases[node.value.id], node.attr))
+    return taken
 
-    listed = subprocess.run(
-        ["git", "-C", ROOT, "ls-tree", "-r", "--name-only", SUITE_COMMIT, "--", *CODE_PATH],
-        capture_output=True,
-        text=True,
-    )
-    if listed.returncode != 0 or commit == "unknown":
+
+def _top_level(tree: ast.Module) -> list[ast.stmt]:
+    """A module's statements that run on import (``if TYPE_CHECKING:`` blocks left out)."""
+    return [
+        n
+        for n in tree.body
+        if not (isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING")
+    ]
+
+
+def _submodule(init_path: str, module: str | None) -> str:
+    """The file of ``from .<module> import ...`` in the package of ``init_path`` (a package: its
+    __init__.py)."""
+    return f"{os.path.dirname(init_path)}/{(module or '').replace('.', '/')}"
+
+
+def _binding(commit: str, init_path: str, name: str) -> tuple | None:
+    """Where the package ``init_path`` at ``commit`` takes ``name`` from: (module file, name there), followed
+    through ``from .sub import *`` and re-exports of subpackages; (init_path, statement) for a name bound in
+    the package itself; None if unbound or unreadable."""
+    source = _git_show(commit, init_path)
+    if source is None:
         return None
+    found = None
+    for node in _top_level(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            target = _submodule(init_path, node.module)
+            is_package = _git_show(commit, f"{target}/__init__.py") is not None
+            for a in node.names:
+                if a.name == "*" and is_package:
+                    found = _binding(commit, f"{target}/__init__.py", name) or found
+                elif (a.asname or a.name) == name:
+                    found = (
+                        _binding(commit, f"{target}/__init__.py", a.name)
+                        if is_package
+                        else (f"{target}.py", a.name)
+                    )
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.FunctionDef | ast.ClassDef):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", node)]
+            bound = {getattr(t, "id", getattr(t, "name", None)) for t in targets}
+            if name in bound:
+                found = (init_path, ast.dump(node))
+    return found
+
+
+def _submodules_imported(commit: str, init_path: str) -> set[str]:
+    source = _git_show(commit, init_path)
+    if source is None:
+        return set()
+    return {
+        _submodule(init_path, n.module)
+        for n in _top_level(ast.parse(source))
+        if isinstance(n, ast.ImportFrom) and n.level == 1
+    }
+
+
+def _inert(commit: str, module: str, protected: set[str], compared: set[str]) -> str | None:
+    """Why importing ``module`` (a file path without .py) at ``commit`` could change the code path, or None:
+    it names one of the code path's registries, registration functions or constants (``protected``), or
+    imports a module of the library that is not compared."""
+    source = _git_show(commit, f"{module}.py")
+    if source is None:
+        return f"{module}.py is not readable"
+    tree = ast.parse(source)
+    named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    if named & protected:
+        return f"{module}.py names {', '.join(sorted(named & protected))}"
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.level >= 1:
+            base = module
+            for _ in range(n.level):
+                base = os.path.dirname(base)
+            path = f"{base}/{(n.module or '').replace('.', '/')}.py"
+        elif isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in ("rgpo_trl", "rgpo_lab"):
+            path = n.module.replace(".", "/") + ".py"
+        else:
+            continue
+        if path not in compared:
+            return f"{module}.py imports {path}, which is not compared"
+    return None
+
+
+class CodePathCheck(NamedTuple):
+    same: bool | None  # True: the suite commit's code path; False: different; None: not checked
+    notes: tuple[str, ...]  # what differs or was not checked, and what was accepted beside the code path
+
+
+def code_path_check(commit: str) -> CodePathCheck:
+    """Whether ``commit`` has the suite commit's code path (CODE_PATH, compared as syntax trees,
+    TrainingRun.finish (the closing console line) and docstrings left out; at a commit with the lab runner
+    (issue 48 on) the suite commit's mujoco_baselines/ is compared with the runner (RUNNER) and the runner's
+    file list with the suite commit's), and the names the scripts take from PACKAGES bound to the same
+    modules. False where a compared file or name differs; None where git cannot tell (an unknown commit, a
+    file missing at ``commit``, a file of the runner or a submodule of a package that is not compared)."""
+    mine_files = _git_ls(SUITE_COMMIT, *CODE_PATH)
+    if mine_files is None or commit == "unknown":
+        return CodePathCheck(None, ("the commit is unknown",))
+    suite_py = [p for p in mine_files if p.endswith(".py")]
     has_runner = _git_show(commit, f"{RUNNER}/common.py") is not None
-    for path in (p for p in listed.stdout.split() if p.endswith(".py")):
-        theirs_path = path
-        if has_runner and path.startswith(OLD_PACKAGE + "/"):
-            theirs_path = RUNNER + path[len(OLD_PACKAGE) :]
-        mine, theirs = _code_without_finish(SUITE_COMMIT, path), _code_without_finish(commit, theirs_path)
-        if theirs is None:
-            return None
-        if mine != theirs:
-            return False
-    return True
+
+    def theirs(path: str) -> str:
+        return (
+            RUNNER + path[len(OLD_PACKAGE) :] if has_runner and path.startswith(OLD_PACKAGE + "/") else path
+        )
+
+    different, unchecked, accepted = [], [], []
+    for path in suite_py:
+        code = _code_without_finish(commit, theirs(path))
+        if code is None:
+            unchecked.append(f"{theirs(path)} is missing")
+        elif code != _code_without_finish(SUITE_COMMIT, path):
+            different.append(f"{theirs(path)} differs")
+    if has_runner:
+        listed = _git_ls(commit, RUNNER)
+        entry = f"{RUNNER}/{RUNNER_ENTRY[0]}"
+        for path in sorted(set(listed or ()) - {theirs(p) for p in suite_py}):
+            if not path.endswith(".py"):
+                continue
+            if path != entry:
+                unchecked.append(f"{path} is a runner file the suite commit lacks")
+            elif _code_without_finish(commit, path) != _code_without_finish(RUNNER_ENTRY[1], path):
+                different.append(f"{path} (the entry point) differs from its version at {RUNNER_ENTRY[1]}")
+            else:
+                accepted.append(f"{path} is the runner's entry point as at {RUNNER_ENTRY[1]}")
+        if listed is None:
+            unchecked.append(f"{RUNNER}/ is not listed")
+    taken = set()
+    for path in suite_py:
+        taken |= _names_taken(_git_show(SUITE_COMMIT, path) or "")
+        taken |= _names_taken(_git_show(commit, theirs(path)) or "")
+    for package, name in sorted(taken):
+        ours, at_commit = (
+            _binding(SUITE_COMMIT, PACKAGES[package], name),
+            _binding(commit, PACKAGES[package], name),
+        )
+        if at_commit is None:
+            unchecked.append(f"{package}.{name} is not found")
+        elif at_commit != ours:
+            different.append(
+                f"{package}.{name} is bound to {at_commit[0]}, at {SUITE_COMMIT} to {ours and ours[0]}"
+            )
+    protected = set()  # the registries, registration functions and constants the packages export
+    for init in PACKAGES.values():
+        for n in _top_level(ast.parse(_git_show(SUITE_COMMIT, init) or "")):
+            if isinstance(n, ast.ImportFrom):
+                protected |= {a.name for a in n.names if a.name.isupper() or a.name.startswith("register_")}
+    compared = {p for p in suite_py if not p.startswith(OLD_PACKAGE + "/")}
+    for init in PACKAGES.values():
+        for module in sorted(_submodules_imported(commit, init) - _submodules_imported(SUITE_COMMIT, init)):
+            why = _inert(commit, module, protected, compared)
+            if why:
+                unchecked.append(f"{init} imports {module}.py: {why}")
+            else:
+                accepted.append(
+                    f"{init} also imports {module}.py, which none of the scripts' names come from and which "
+                    "names none of the code path's registries or constants"
+                )
+    same = False if different else None if unchecked else True
+    return CodePathCheck(same, tuple(different + unchecked + accepted))
+
+
+def same_code_path(commit: str) -> bool | None:
+    """`code_path_check`'s answer alone."""
+    return code_path_check(commit).same
 
 
 def returns(data, arm, env) -> np.ndarray:
@@ -215,6 +456,38 @@ def compare(data, norm: Normaliser, a: str, b: str, n_boot: int) -> dict:
             "p_holm": p_adj,
             "verdict": verdict(w.diff, p_adj),
         }
+    return out
+
+
+def improvement(data, n_boot: int, a: str = "rgpo_dec", b: str = "ppo_dec", seed: int = 0) -> dict:
+    """Secondary: rliable's probability of improvement of a over b, the mean over environments of P(X > Y)
+    (X a's runs, Y b's, ties 0.5), with a 95% stratified-bootstrap interval: the primary's scheme (rng
+    default_rng(seed); per resample a's runs within each environment, then b's), so the resampled runs are
+    the primary's. Over the environments with 2 runs or more in both arms, as the primary."""
+    per_env = {
+        e: probability_of_improvement(returns(data, a, e), returns(data, b, e))
+        if len(returns(data, a, e)) and len(returns(data, b, e))
+        else None
+        for e in CONFIRM_ENVS
+    }
+    envs = [e for e in CONFIRM_ENVS if min(len(returns(data, a, e)), len(returns(data, b, e))) >= 2]
+    nan = float("nan")
+    out = {"per_env": per_env, "envs": envs, "mean": nan, "low": nan, "high": nan, "n_boot": n_boot}
+    if not envs:
+        return out
+    xs, ys = [returns(data, a, e) for e in envs], [returns(data, b, e) for e in envs]
+    rng = np.random.default_rng(seed)
+    boots = np.empty(n_boot)
+    for i in range(n_boot):
+        rx = [g[rng.integers(0, len(g), len(g))] for g in xs]
+        ry = [g[rng.integers(0, len(g), len(g))] for g in ys]
+        boots[i] = np.mean([probability_of_improvement(x, y) for x, y in zip(rx, ry, strict=True)])
+    low, high = np.percentile(boots, [2.5, 97.5])
+    out.update(
+        mean=float(np.mean([probability_of_improvement(x, y) for x, y in zip(xs, ys, strict=True)])),
+        low=float(low),
+        high=float(high),
+    )
     return out
 
 
@@ -268,7 +541,7 @@ def retention(data, n_boot: int) -> dict:
 def gate_activity(data) -> dict:
     """Per L = 8 arm and environment, seed means of the per-iteration means: what the gate or the clip saw
     before each update's first epoch (start_*) next to the epoch means; None where the runs predate the
-    start-of-update columns."""
+    start-of-update columns; ``<key>_n`` the runs with the column."""
     out = {}
     for arm in ("ppo_dec", "rgpo_dec", "ppo_dec_kl", "rgpo_dec_nokl", "ppo_plain", "rgpo_plain"):
         out[arm] = {}
@@ -287,6 +560,70 @@ def gate_activity(data) -> dict:
     return out
 
 
+def provenance(commits: dict) -> dict:
+    """The suite's own runs grouped by the commits they ran at, each group's code path (True only if every
+    commit of its runs is on the suite commit's), and the runs named whose code path is different or not
+    checked; the reused runs (other suites') grouped by their commits, not checked against the suite
+    commit (RULES.md's check of the new code against theirs stands for them)."""
+    checks: dict[str, CodePathCheck] = {}
+    own: dict[tuple, list] = {}
+    reused: dict[tuple, Counter] = {}
+    for run, cs in commits.items():
+        if run.startswith(SUITE + "/"):
+            own.setdefault(tuple(cs), []).append(run)
+            for c in cs:
+                if c not in checks:
+                    checks[c] = code_path_check(c)
+        else:
+            reused.setdefault(tuple(cs), Counter())[run.split("/")[0]] += 1
+
+    def combined(cs) -> bool | None:
+        same = [checks[c].same for c in cs]
+        return False if False in same else None if None in same else True
+
+    groups = [
+        {"commits": list(k), "runs": runs, "same": combined(k)}
+        for k, runs in sorted(own.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    ]
+    return {
+        "own": groups,
+        "checks": {c: {"same": ch.same, "notes": list(ch.notes)} for c, ch in sorted(checks.items())},
+        "different": [r for g in groups if g["same"] is False for r in g["runs"]],
+        "not_checked": [r for g in groups if g["same"] is None for r in g["runs"]],
+        "reused": [
+            {"commits": list(k), "runs": sum(v.values()), "suites": dict(sorted(v.items()))}
+            for k, v in sorted(reused.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+        ],
+    }
+
+
+def status_of(missing: dict, prov: dict) -> tuple[str, str]:
+    """The status line and the prefix of every reading: final only with every run of the suite finished and
+    every one of its own runs on the suite commit's code path."""
+    total = len(SUITES[SUITE])
+    n_missing = sum(map(len, missing.values()))
+    parts, why = [], []
+    if n_missing:
+        parts.append(f"INTERIM: {total - n_missing} of {total} runs finished")
+        why.append("on an incomplete suite")
+    bad = len(prov["different"]) + len(prov["not_checked"])
+    if bad:
+        parts.append(
+            f"NOT FINAL: {bad} of the suite's own runs not confirmed on the suite commit's code path "
+            f"({len(prov['different'])} different, {len(prov['not_checked'])} not checked; named under "
+            "Provenance)"
+        )
+        why.append(f"with {bad} of the suite's own runs not confirmed on the suite commit's code path")
+    if not parts:
+        return "final", ""
+    return "; ".join(parts), "Interim, " + " and ".join(why) + ": "
+
+
+def _para(text: str) -> str:
+    """``text`` on one line: a paragraph written across source lines."""
+    return " ".join(text.split())
+
+
 def _f(x, digits=3) -> str:
     return "-" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
 
@@ -295,9 +632,101 @@ def _p(x) -> str:
     return "-" if x is None or not np.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
 
 
-def report_md(data, missing, tables, comparisons, ret, gates, attribution) -> str:
-    total = len(SUITES["policy_lag_confirm"])
-    status = "final" if not missing else f"INTERIM: {total - len(missing)} of {total} runs finished"
+def _ns(c: dict, a: str, b: str) -> str:
+    """The n per arm and environment and test (1)'s Holm p: '(n = 5 / 5 Walker2d-v4, ...; Holm p = x)'."""
+    ns = ", ".join(
+        f"{c['per_env'][e]['n_a']} / {c['per_env'][e]['n_b']} {e}" for e in CONFIRM_ENVS if e in c["per_env"]
+    )
+    return f"(n = {ns}, {LABELS[a]} / {LABELS[b]}; Holm p = {_p(c['aggregate']['p_holm'])})"
+
+
+def cause(gate_verdict: str, controller_verdict: str) -> str:
+    """RULES.md's attribution from the gate comparison's and the controller (PPO) comparison's test (1)
+    verdicts: "gate" if decoupled RGPO is significantly above PPO + KL penalty; "controller" if PPO + KL
+    penalty is significantly above decoupled PPO and the gate comparison is not significant (tested, no
+    significant difference); "gate and controller" if both comparisons are significantly higher;
+    "undetermined" otherwise (a gate comparison significantly lower or not tested included)."""
+    gate = gate_verdict == "higher"
+    ctl = controller_verdict == "higher"
+    if gate and ctl:
+        return "gate and controller"
+    if gate:
+        return "gate"
+    if ctl and gate_verdict == "no significant difference":
+        return "controller"
+    return "undetermined"
+
+
+def attribution_words(comparisons) -> str:
+    """RULES.md's reading of family A and, if it confirms, the cause, from test (1)'s Holm verdicts."""
+    byname = {name: (c, a, b) for (_, name, a, b), c in zip(COMPARISONS, comparisons, strict=True)}
+    c, arm_a, arm_b = byname["more robust"]
+    agg = c["aggregate"]
+    if not np.isfinite(agg["p_holm"]):
+        return "not tested (fewer than 2 runs in a cell)."
+    head = (
+        f"decoupled RGPO vs decoupled PPO at L = 8: normalised IQM {_f(agg['a'], 2)} vs {_f(agg['b'], 2)}, "
+        f"difference {_f(agg['diff'], 2)} [{_f(agg['low'], 2)}, {_f(agg['high'], 2)}], "
+        f"Holm p = {_p(agg['p_holm'])}: "
+    )
+    if agg["verdict"] == "no significant difference":
+        return (
+            head + f"not confirmed: no significant difference {_ns(c, arm_a, arm_b)}; no cause is attributed."
+        )
+    if agg["verdict"] == "lower":
+        return head + "refuted in the other direction: decoupled RGPO is significantly less robust."
+    gate, ctl = byname["gate"][0]["aggregate"], byname["controller (PPO)"][0]["aggregate"]
+    return head + (
+        f"confirmed; cause: {cause(gate['verdict'], ctl['verdict'])} (gate: {LABELS['rgpo_dec']} vs "
+        f"{LABELS['ppo_dec_kl']} {gate['verdict']}, Holm p = {_p(gate['p_holm'])}; controller: "
+        f"{LABELS['ppo_dec_kl']} vs {LABELS['ppo_dec']} {ctl['verdict']}, Holm p = {_p(ctl['p_holm'])})."
+    )
+
+
+def arm_seeds(variant: str) -> tuple[str, int]:
+    """An arm's seeds as the suite lists them ('0-4') and its runs per method and environment (the most)."""
+    runs = [r for r in SUITES[SUITE] if r.variant == variant]
+    seeds = sorted({r.seed for r in runs})
+    per_cell = Counter((r.method, r.env_id) for r in runs)
+    words = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else str(seeds)
+    return words, max(per_cell.values())
+
+
+def decoupling_words(comparisons) -> str:
+    """RULES.md: "Decoupling is said to help a method where its decoupled arm is significantly above its
+    plain arm" (test (1)'s Holm verdict of the method's decoupling comparison)."""
+    byname = {name: (c, a, b) for (_, name, a, b), c in zip(COMPARISONS, comparisons, strict=True)}
+    (seeds, n), (dec_seeds, dec_n) = arm_seeds("lag8"), arm_seeds("lag8_decoupled")
+    parts = []
+    for method in ("PPO", "RGPO"):
+        c, a, b = byname[f"decoupling ({method})"]
+        agg = c["aggregate"]
+        numbers = (
+            f"normalised IQM difference {_f(agg['diff'], 2)} [{_f(agg['low'], 2)}, {_f(agg['high'], 2)}], "
+            f"Holm p = {_p(agg['p_holm'])}"
+        )
+        if agg["verdict"] == "higher":
+            parts.append(f"decoupling helps {method} ({numbers})")
+        elif agg["verdict"] == "lower":
+            parts.append(
+                f"decoupling does not help {method}: its decoupled arm is significantly below its plain arm "
+                f"({numbers})"
+            )
+        elif agg["verdict"] == "no significant difference":
+            parts.append(
+                f"decoupling is not shown to help {method}: no significant difference {_ns(c, a, b)}"
+            )
+        else:
+            parts.append(f"decoupling of {method} not tested (fewer than 2 runs in a cell)")
+    return (
+        f"{'; '.join(parts)}. The plain arms have seeds {seeds} only (n = {n} per environment), as the suite "
+        f"lists them; the decoupled arms seeds {dec_seeds} (n = {dec_n})."
+    )
+
+
+def report_md(suite: Suite, tables, comparisons, ret, gates, poi, prov, n_boot: int) -> str:
+    status, prefix = status_of(suite.missing, prov)
+    interim = "interim: " if status != "final" else ""
     lines = [
         "# Policy lag confirmed or refuted (policy_lag_confirm)",
         "",
@@ -305,9 +734,10 @@ def report_md(data, missing, tables, comparisons, ret, gates, attribution) -> st
         "results/mujoco/policy_lag_confirm/RULES.md (committed before the runs). "
         f"Status: **{status}**.",
         "",
-        "## Evaluation return at 1M steps, L = 8 (raw mean ± std (n); normalised IQM; optimality gap)",
+        "## Evaluation return at 1M steps: the L = 8 arms and the L = 0 baselines (raw mean ± std (n); "
+        "normalised IQM; Secondary: optimality gap)",
         "",
-        "| arm | " + " | ".join(CONFIRM_ENVS) + " | pooled IQM | pooled gap |",
+        "| arm | " + " | ".join(CONFIRM_ENVS) + " | pooled IQM | Secondary: pooled gap |",
         "|---|" + "---|" * (len(CONFIRM_ENVS) + 2),
     ]
     for arm in ARMS:
@@ -327,6 +757,13 @@ def report_md(data, missing, tables, comparisons, ret, gates, attribution) -> st
         "## Comparisons (a - b; normalised IQM difference with 95% stratified-bootstrap interval, Welch per "
         "environment on raw returns; Holm over the four tests of each row)",
         "",
+    ]
+    if interim:
+        lines += [
+            "Interim (see the status above): every verdict in this table is provisional.",
+            "",
+        ]
+    lines += [
         "| family | question | a vs b | IQM diff [95%] | Holm p | verdict | "
         + " | ".join(f"{e}: diff, Holm p, verdict" for e in CONFIRM_ENVS)
         + " |",
@@ -343,13 +780,45 @@ def report_md(data, missing, tables, comparisons, ret, gates, attribution) -> st
         )
         lines.append(
             f"| {family} | {name} | {LABELS[a]} vs {LABELS[b]} | {_f(agg['diff'], 2)}{partial} "
-            f"[{_f(agg['low'], 2)}, {_f(agg['high'], 2)}] | {_p(agg['p_holm'])} | {agg['verdict']} | "
-            + " | ".join(env_cells)
-            + " |"
+            f"[{_f(agg['low'], 2)}, {_f(agg['high'], 2)}] | {_p(agg['p_holm'])} | "
+            f"{interim}{agg['verdict']} | " + " | ".join(env_cells) + " |"
         )
-    interim = "Interim, on an incomplete suite: " if missing else ""
-    lines += ["", f"**Reading (RULES.md):** {interim}{attribution}", ""]
     lines += [
+        "",
+        _para(f"""How the rule is applied (the report's interpretation where RULES.md leaves room): family A
+        is the four tests of its row, Holm-corrected together. In family B each comparison's own four tests
+        are one Holm group ("Holm within the comparison"), not the tests of all its comparisons together, and
+        a family B comparison is significant when its test (1), the normalised IQM difference over the three
+        environments, has a Holm verdict of higher or lower; the per-environment Welch verdicts are reported
+        beside it and enter no attribution. The cause is read from the gate row and the controller (PPO) row
+        (the rule's "PPO + KL penalty vs decoupled PPO"); the controller (RGPO) row is reported, not used. The
+        decoupling sentence is given whatever family A says: it is about each method's own arms, not the cause
+        of family A's difference. Bootstrap p: twice the smaller tail of the resampled differences at 0
+        ({n_boot:,} resamples), floored at 1 / {n_boot:,} = {_p(1.0 / n_boot)}, since a tail of 0 resamples
+        only says p < 1 / n_boot. A row with an environment of fewer than 2 runs in an arm aggregates the
+        others (named)."""),
+        "",
+        f"**Reading (RULES.md):** {prefix}{attribution_words(comparisons)}",
+        "",
+        f"**Decoupling (RULES.md):** {prefix}{decoupling_words(comparisons)}",
+        "",
+    ]
+    lines += [
+        "## Secondary: probability of improvement, decoupled RGPO over decoupled PPO at L = 8",
+        "",
+        _para(f"""rliable's probability of improvement: per environment P(X > Y) over all pairs of a decoupled
+        RGPO run X and a decoupled PPO run Y (ties 1/2), averaged over the environments, with a 95%
+        stratified-bootstrap interval (runs resampled within each environment, {poi["n_boot"]:,} resamples,
+        the primary's rng scheme and seed). Secondary, never decisive."""),
+        "",
+        "| a vs b | mean over environments [95%] | " + " | ".join(CONFIRM_ENVS) + " |",
+        "|---|---|" + "---|" * len(CONFIRM_ENVS),
+        f"| {LABELS['rgpo_dec']} vs {LABELS['ppo_dec']} | {_f(poi['mean'], 2)}"
+        + ("" if len(poi["envs"]) == len(CONFIRM_ENVS) else f" (only {', '.join(poi['envs']) or 'none'})")
+        + f" [{_f(poi['low'], 2)}, {_f(poi['high'], 2)}] | "
+        + " | ".join(_f(poi["per_env"][e], 2) for e in CONFIRM_ENVS)
+        + " |",
+        "",
         "## Secondary: retention (mean L = 8 / mean L = 0), decoupled RGPO vs decoupled PPO",
         "",
         "| env | RGPO | PPO | diff [95%] | Holm p |",
@@ -363,77 +832,106 @@ def report_md(data, missing, tables, comparisons, ret, gates, attribution) -> st
         )
     lines += [
         "",
-        "## What the gate / clip saw: before each update's first epoch (start) vs the epoch means",
+        "## Secondary: what the gate / clip saw, before each update's first epoch (start) vs the epoch means",
         "",
-        "Seed means of per-iteration values (the largest ratio: the seed mean of each run's maximum). Plain "
-        "arms see r = pi / pi_behaviour at the start; decoupled arms r = 1 (their behaviour correction is "
-        "the truncated weight). `-`: not logged by those runs (policy_lag's runs predate the start columns; "
-        "their behaviour_ratio_beyond_2 is the same quantity as start_ratio_beyond_2).",
+        _para("""Seed means of per-iteration values (the largest ratio: the seed mean of each run's maximum),
+        each with (n), the runs that log the column. Plain arms see r = pi / pi_behaviour at the start. For
+        the decoupled arms the start ratios are 1 by construction (r = pi / pi_prox, and pi_prox is pi at the
+        start of the update; their behaviour correction is the truncated weight), so only the plain arms'
+        start numbers say whether the gate (or the clip) acted on the stale samples. `-`: not logged by those
+        runs (policy_lag's runs predate the start columns; their behaviour_ratio_beyond_2 is the same quantity
+        as start_ratio_beyond_2)."""),
         "",
         "| arm | env | start beyond 1.2 | start beyond 2 | start largest r | start rejected | epoch rejected "
         "| epoch largest r | behaviour beyond 2 | truncated weights | mean beta | mean epochs |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    columns = (
+        ("start_ratio_beyond_1.2", 3),
+        ("start_ratio_beyond_2", 3),
+        ("start_ratio_max", 2),
+        ("start_rejected_frac", 3),
+        ("rejected_frac", 3),
+        ("ratio_max", 2),
+        ("behaviour_ratio_beyond_2", 3),
+        ("is_weight_truncated_frac", 3),
+        ("kl_coef", 3),
+        ("epochs", 2),
+    )
     for arm, per_env in gates.items():
         for e, g in per_env.items():
             cells = [
-                _f(g["start_ratio_beyond_1.2"]),
-                _f(g["start_ratio_beyond_2"]),
-                _f(g["start_ratio_max"], 2),
-                _f(g["start_rejected_frac"]),
-                _f(g["rejected_frac"]),
-                _f(g["ratio_max"], 2),
-                _f(g["behaviour_ratio_beyond_2"]),
-                _f(g["is_weight_truncated_frac"]),
-                _f(g["kl_coef"], 3),
-                _f(g["epochs"], 2),
+                "-" if g[key] is None else f"{_f(g[key], digits)} ({g[key + '_n']})"
+                for key, digits in columns
             ]
             lines.append(f"| {LABELS[arm]} | {e} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "## Provenance",
         "",
-        f"The suite was fixed at {SUITE_COMMIT}. Its own runs, by the commit they record (their scripts, "
-        "loss, gates and controllers compared with the suite commit's as syntax trees, the closing console "
-        "line left out); the runs it reuses were made by earlier suites at their own commits, on "
-        "trajectories checked identical (RULES.md):",
+        _para(f"""The suite was fixed at {SUITE_COMMIT}. Its own runs, by every commit each ran at
+        (final.json's git_commits, resumes included), each commit's code path compared with the suite commit's
+        as syntax trees (the scripts or the lab runner, rgpo_trl's loss, gates, controllers, registry and cli,
+        and the names the scripts take from rgpo_trl and rgpo_trl.core; the closing console line and
+        docstrings left out). The status is final only if every one of them is on the same code path."""),
         "",
     ]
-    what = {True: "same code path", False: "DIFFERENT code path", None: "not checked"}
-    n_own = 0
-    for commit, runs in sorted(COMMITS.items(), key=lambda kv: -len(kv[1])):
-        own = [r for r in runs if r.startswith("policy_lag_confirm/")]
-        n_own += len(own)
-        if own:
-            lines.append(f"- {commit[:8]}: {len(own)} runs ({what[same_code_path(commit)]})")
-    reused = sum(map(len, COMMITS.values())) - n_own
-    lines.append(f"- reused from policy_lag, main_compiled and annealed5: {reused} runs")
-    if missing:
-        lines += ["", f"## Not finished ({len(missing)})", "", ", ".join(missing)]
-    lines += ["", "![curves](curves.png)", ""]
+    what = {True: "same code path", False: "DIFFERENT code path", None: "code path not checked"}
+    for g in prov["own"]:
+        commits = " then ".join(c[:8] for c in g["commits"])
+        n = len(g["runs"])
+        lines.append(f"- {commits}: {n} run{'s' if n != 1 else ''} ({what[g['same']]})")
+        if g["same"] is not True:
+            lines.append(f"  - runs: {', '.join(g['runs'])}")
+    for c, check in prov["checks"].items():
+        if check["notes"]:
+            lines.append(f"- {c[:8]}, {what[check['same']]}: {'; '.join(check['notes'])}")
+    lines += [
+        "",
+        _para("""The runs it reuses were made by earlier suites at their own commits, not checked against the
+        suite commit here; RULES.md: the new code of this suite (`--kl-penalty`, start-of-update statistics)
+        is bit-identical to the code those runs were made with on the same machine, checked over the first
+        39-44 iterations of Walker2d seed 0 of both decoupled arms (--compile), and reused and new seeds are
+        equally valid draws, not replays. By the commits they ran at:"""),
+        "",
+    ]
+    for g in prov["reused"]:
+        suites = ", ".join(f"{s} {n}" for s, n in g["suites"].items())
+        n = g["runs"]
+        lines.append(
+            f"- {' then '.join(c[:8] for c in g['commits'])}: {n} run{'s' if n != 1 else ''} ({suites})"
+        )
+    n_missing = sum(map(len, suite.missing.values()))
+    if n_missing:
+        counts = ", ".join(f"{cls} {len(suite.missing[cls])}" for cls in MISSING_CLASSES)
+        lines += [
+            "",
+            f"## Not finished ({n_missing}: {counts})",
+            "",
+            _para("""As found in the results read: not started, no run folder; incomplete, a run folder
+            (metrics, config or log) without final.json; failed, run.log ending with an error, or final.json
+            without a finite evaluation return (such a run is named here, never used). No run is replaced or
+            re-seeded."""),
+        ]
+        for cls in MISSING_CLASSES:
+            names = suite.missing[cls]
+            if names:
+                lines += ["", f"### {cls.capitalize()} ({len(names)})", ""]
+                if cls == "failed":
+                    lines += [f"- {name}: {suite.why_failed[name]}" for name in names]
+                else:
+                    lines.append(", ".join(names))
+    lines += [
+        "",
+        "## Secondary: training curves",
+        "",
+        "Training return (last 100 episodes) per iteration, median and interquartile band over seeds; "
+        "secondary, never decisive.",
+        "",
+        "![curves](curves.png)",
+        "",
+    ]
     return "\n".join(lines) + "\n"
-
-
-def attribution_words(comparisons) -> str:
-    """RULES.md's attribution, applied to the corrected tests."""
-    byname = {name: c for (_, name, _, _), c in zip(COMPARISONS, comparisons, strict=True)}
-    a = byname["more robust"]["aggregate"]
-    if not np.isfinite(a["p_holm"]):
-        return "not tested (fewer than 2 runs in a cell)."
-    head = (
-        f"decoupled RGPO vs decoupled PPO at L = 8: normalised IQM {_f(a['a'], 2)} vs {_f(a['b'], 2)}, "
-        f"difference {_f(a['diff'], 2)} [{_f(a['low'], 2)}, {_f(a['high'], 2)}], Holm p = {_p(a['p_holm'])}: "
-    )
-    if a["verdict"] == "no significant difference":
-        return head + "not confirmed (no significant difference); no cause is attributed."
-    if a["verdict"] == "lower":
-        return head + "refuted: decoupled RGPO is significantly less robust."
-    gate = byname["gate"]["aggregate"]["verdict"] == "higher"
-    ctl = byname["controller (PPO)"]["aggregate"]["verdict"] == "higher"
-    cause = (
-        "gate and controller" if gate and ctl else "gate" if gate else "controller" if ctl else "undetermined"
-    )
-    return head + f"confirmed; cause: {cause}."
 
 
 def curves(data, out: str) -> str:
@@ -458,7 +956,7 @@ def curves(data, out: str) -> str:
         ax.set_xlabel("environment steps")
         ax.set_ylabel("training return (last 100 episodes)")
     axes[0].legend(fontsize=7)
-    fig.suptitle("median and interquartile band over seeds", fontsize=9)
+    fig.suptitle("Secondary (never decisive): median and interquartile band over seeds", fontsize=9)
     fig.tight_layout()
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "curves.png")
@@ -468,22 +966,26 @@ def curves(data, out: str) -> str:
 
 
 def build(results: str = RESULTS, out: str = OUT, n_boot: int = 10_000, plots: bool = True) -> str:
-    COMMITS.clear()
-    data, missing = load(results)
+    suite = load(results)
+    data = suite.data
     norm = Normaliser.load(os.path.join(results, "normalisation", "baselines.json"))
     tables = arm_table(data, norm)
     comparisons = [compare(data, norm, a, b, n_boot) for _, _, a, b in COMPARISONS]
     ret = retention(data, n_boot)
     gates = gate_activity(data)
-    words = attribution_words(comparisons)
-    md = report_md(data, missing, tables, comparisons, ret, gates, words)
+    poi = improvement(data, n_boot)
+    prov = provenance(suite.commits)
+    status, prefix = status_of(suite.missing, prov)
+    md = report_md(suite, tables, comparisons, ret, gates, poi, prov, n_boot)
     os.makedirs(out, exist_ok=True)
     if plots:
         curves(data, out)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(md)
     studies = {
-        "missing": missing,
+        "status": status,
+        "missing": suite.missing,
+        "failed_why": suite.why_failed,
         "arms": tables,
         "comparisons": [
             {"family": fam, "name": name, "a": a, "b": b, **c}
@@ -491,13 +993,10 @@ def build(results: str = RESULTS, out: str = OUT, n_boot: int = 10_000, plots: b
         ],
         "retention": ret,
         "gate_activity": gates,
-        "reading": words,
-        "probability_of_improvement": {
-            e: probability_of_improvement(returns(data, "rgpo_dec", e), returns(data, "ppo_dec", e))
-            if len(returns(data, "rgpo_dec", e)) and len(returns(data, "ppo_dec", e))
-            else None
-            for e in CONFIRM_ENVS
-        },
+        "reading": prefix + attribution_words(comparisons),
+        "decoupling": prefix + decoupling_words(comparisons),
+        "probability_of_improvement": poi,
+        "provenance": prov,
     }
     with open(os.path.join(out, "studies.json"), "w") as f:
         json.dump(plain(studies), f, indent=1, allow_nan=False)

@@ -1,5 +1,7 @@
 """The policy_lag_confirm report on synthetic runs: its tests equal scipy's Welch and a hand Holm, its
-reading follows RULES.md, and a partial suite is labelled interim with its missing runs named."""
+reading follows RULES.md (every branch of the attribution), a partial suite is labelled interim with its
+missing runs named by class, a run off the suite commit's code path keeps the status from final, and the
+provenance compares code paths as syntax trees."""
 
 from __future__ import annotations
 
@@ -27,9 +29,9 @@ MEANS = {  # arm -> raw mean return, the same in every environment
 }
 
 
-def _write_suite(root, skip=()):
-    """Every run of the suite as a folder with final.json and a 3-row metrics.csv; arm means from MEANS plus
-    seeded noise."""
+def _write_suite(root, skip=(), commits=(rep.SUITE_COMMIT,)):
+    """Every run of the suite as a folder with final.json (made at ``commits``) and a 3-row metrics.csv; arm
+    means from MEANS plus seeded noise."""
     by_key = {v: k for k, v in rep.ARMS.items()}
     rng = np.random.default_rng(0)
     for r in SUITES["policy_lag_confirm"]:
@@ -39,7 +41,7 @@ def _write_suite(root, skip=()):
         os.makedirs(d, exist_ok=True)
         value = MEANS[by_key[(r.method, r.variant)]] + rng.normal(0, 150)
         with open(os.path.join(d, "final.json"), "w") as f:
-            json.dump({"eval_return_mean": value}, f)
+            json.dump({"eval_return_mean": value, "git_commits": list(commits)}, f)
         metrics = {"global_step": [2048, 4096, 6144], "return_last100": [0.0, value / 2, value]}
         if "lag8" in r.variant and "decoupled" not in r.variant:
             metrics.update(
@@ -53,12 +55,19 @@ def _write_suite(root, skip=()):
         json.dump(baselines, f)
 
 
+def _run(name):
+    (r,) = [r for r in SUITES["policy_lag_confirm"] if f"{r.suite}/{r.name}" == name]
+    return r
+
+
 def test_report_tests_match_scipy_and_holm_and_the_reading_follows_the_rule(tmp_path):
     _write_suite(str(tmp_path))
     md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=500, plots=False)
     studies = json.loads((tmp_path / "out" / "studies.json").read_text())
-    assert studies["missing"] == [] and "Status: **final**" in md
-    data, _ = rep.load(str(tmp_path))
+    assert all(v == [] for v in studies["missing"].values()) and "Status: **final**" in md
+    assert studies["status"] == "final" and not studies["reading"].startswith("Interim")
+    assert "| interim: " not in md and "Interim (see the status above)" not in md
+    data = rep.load(str(tmp_path)).data
     (a,) = [c for c in studies["comparisons"] if c["name"] == "more robust"]
     ps = [a["aggregate"]["p"]]
     for env in rep.CONFIRM_ENVS:
@@ -75,57 +84,221 @@ def test_report_tests_match_scipy_and_holm_and_the_reading_follows_the_rule(tmp_
         adjusted[i] = running
     assert a["aggregate"]["p_holm"] == pytest.approx(adjusted[0])
     assert [a["per_env"][e]["p_holm"] for e in rep.CONFIRM_ENVS] == pytest.approx(adjusted[1:])
-    assert a["aggregate"]["p"] >= 1 / 500  # floored at 1 / n_boot
+    assert a["aggregate"]["p"] >= 1 / 500  # floored at 1 / n_boot, and the report says so
+    assert "floored at 1 / 500 = 0.002" in md
     # RGPO far above PPO everywhere, PPO + KL penalty not above decoupled PPO: the gate is the cause
     assert a["aggregate"]["verdict"] == "higher"
-    assert studies["reading"].endswith("confirmed; cause: gate.")
+    assert "confirmed; cause: gate (" in studies["reading"]
     gates = studies["gate_activity"]["rgpo_plain"]["Hopper-v4"]
     assert gates["start_ratio_beyond_2"] == pytest.approx(0.2) and gates[
         "start_rejected_frac"
     ] == pytest.approx(0.05)
+    assert gates["start_ratio_beyond_2_n"] == 5
+    assert "| plain RGPO | Hopper-v4 | - | 0.200 (5) |" in md  # each number with its n
+    # the secondaries are labelled, the Holm grouping and the decoupling rule stated
+    for heading in (
+        "Secondary: optimality gap",
+        "## Secondary: probability of improvement",
+        "## Secondary: what the gate / clip saw",
+        "## Secondary: training curves",
+        "Holm within the comparison",
+    ):
+        assert heading in md, heading
+    assert "decoupling helps PPO" in studies["decoupling"] and "seeds 0-4 only (n = 5" in md
+    assert "L = 8 arms and the L = 0 baselines" in md
 
 
-def test_a_partial_suite_is_interim_and_names_its_missing_runs(tmp_path):
+def test_probability_of_improvement_is_the_mean_over_environments_with_a_stratified_interval(tmp_path):
+    _write_suite(str(tmp_path))
+    data = rep.load(str(tmp_path)).data
+    poi = rep.improvement(data, n_boot=300)
+    per_env = []
+    for env in rep.CONFIRM_ENVS:
+        x, y = rep.returns(data, "rgpo_dec", env), rep.returns(data, "ppo_dec", env)
+        by_hand = np.mean([[1.0 if a > b else 0.5 if a == b else 0.0 for b in y] for a in x])
+        assert poi["per_env"][env] == pytest.approx(by_hand)
+        per_env.append(by_hand)
+    assert poi["mean"] == pytest.approx(np.mean(per_env)) and poi["envs"] == rep.CONFIRM_ENVS
+    assert poi["low"] <= poi["mean"] <= poi["high"] <= 1.0
+    # the primary's resampling: the same rng draws (a's environments, then b's) as aggregate_difference
+    rng = np.random.default_rng(0)
+    xs = [rep.returns(data, "rgpo_dec", e) for e in rep.CONFIRM_ENVS]
+    ys = [rep.returns(data, "ppo_dec", e) for e in rep.CONFIRM_ENVS]
+    boots = []
+    for _ in range(300):
+        rx = [g[rng.integers(0, len(g), len(g))] for g in xs]
+        ry = [g[rng.integers(0, len(g), len(g))] for g in ys]
+        boots.append(
+            np.mean(
+                [
+                    ((a[:, None] > b[None]) + 0.5 * (a[:, None] == b[None])).mean()
+                    for a, b in zip(rx, ry, strict=True)
+                ]
+            )
+        )
+    assert [poi["low"], poi["high"]] == pytest.approx(list(np.percentile(boots, [2.5, 97.5])))
+
+
+def test_a_partial_suite_is_interim_and_names_its_missing_runs_by_class(tmp_path):
     skip = {r.name for r in SUITES["policy_lag_confirm"] if r.env_id == "Hopper-v4" and r.seed >= 2}
     _write_suite(str(tmp_path), skip=skip)
+    runs = [f"{r.suite}/{r.name}" for r in SUITES["policy_lag_confirm"] if r.name in skip]
+    incomplete, crashed, nan_run = (
+        runs[0],
+        runs[1],
+        "policy_lag_confirm/Walker2d-v4__rgpo__lag8_decoupled__s7__1000k",
+    )
+    os.makedirs(tmp_path / incomplete)
+    (tmp_path / incomplete / "metrics.csv").write_text("global_step,return_last100\n2048,1.0\n")
+    os.makedirs(tmp_path / crashed)
+    (tmp_path / crashed / "run.log").write_text(
+        "\n# 2026-11-26 10:00:00 python -m x\nTraceback (most recent call last):\nRuntimeError: boom\n"
+        "\n# 2026-11-26 11:00:00 python -m x --resume\nok\n"
+        "error: loss is not finite (--debug shows the traceback)\n"
+    )
+    with open(tmp_path / nan_run / "final.json", "w") as f:  # json writes NaN
+        json.dump({"eval_return_mean": float("nan"), "git_commits": [rep.SUITE_COMMIT]}, f)
     md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
     studies = json.loads((tmp_path / "out" / "studies.json").read_text())
+    missing = studies["missing"]
+    assert missing["incomplete"] == [incomplete] and missing["failed"] == [crashed, nan_run]
+    assert sorted(missing["not started"]) == sorted(set(runs) - {incomplete, crashed})
+    assert "error: loss is not finite" in studies["failed_why"][crashed]
     assert (
-        len(studies["missing"]) == len(skip) and "INTERIM" in md and "Interim, on an incomplete suite" in md
-    )
+        "eval_return_mean is nan" in studies["failed_why"][nan_run] and nan_run in md
+    )  # named, never dropped silently
+    assert "### Failed (2)" in md and "### Incomplete (1)" in md
+    assert len(rep.returns(rep.load(str(tmp_path)).data, "rgpo_dec", "Walker2d-v4")) == 9
+    total = len(SUITES["policy_lag_confirm"])
+    assert studies["status"] == f"INTERIM: {total - len(runs) - 1} of {total} runs finished"
+    assert "INTERIM" in md and "Interim, on an incomplete suite" in md
+    assert studies["reading"].startswith("Interim, on an incomplete suite: ")
+    assert studies["decoupling"].startswith("Interim, on an incomplete suite: ")
+    assert "| interim: higher |" in md
     # Hopper has 2 runs per arm: still in the aggregate; with one it would be left out and named
     (a,) = [c for c in studies["comparisons"] if c["name"] == "more robust"]
     assert a["aggregate"]["envs"] == rep.CONFIRM_ENVS
 
 
-def test_no_significant_difference_attributes_no_cause():
-    comparisons = [
+def test_a_run_off_the_suite_commits_code_path_keeps_the_status_from_final(tmp_path):
+    """One run resumed at a commit on another code path (final.json's git_commits, not config.json's last
+    commit), one at a commit git does not know: not final, both named; the reused runs' commits listed."""
+    _write_suite(str(tmp_path))
+    other, unknown = "Hopper-v4__ppo__lag8__s0__1000k", "Ant-v4__rgpo__default__s7__1000k"
+    for name, commits in ((other, ["e53d11f", rep.SUITE_COMMIT]), (unknown, ["0" * 40])):
+        d = tmp_path / "policy_lag_confirm" / name
+        final = json.loads((d / "final.json").read_text())
+        (d / "final.json").write_text(json.dumps({**final, "git_commits": commits}))
+        (d / "config.json").write_text(json.dumps({"git_commit": rep.SUITE_COMMIT}))
+    md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
+    studies = json.loads((tmp_path / "out" / "studies.json").read_text())
+    assert studies["provenance"]["different"] == [f"policy_lag_confirm/{other}"]
+    assert studies["provenance"]["not_checked"] == [f"policy_lag_confirm/{unknown}"]
+    assert studies["status"].startswith("NOT FINAL: 2 of the suite's own runs") and "final**" not in md
+    assert studies["reading"].startswith("Interim, with 2 of the suite's own runs not confirmed")
+    assert f"runs: policy_lag_confirm/{other}" in md and f"runs: policy_lag_confirm/{unknown}" in md
+    assert "e53d11f then 393cfc0: 1 run (DIFFERENT code path)" in md
+    n_reused = sum(r.suite != "policy_lag_confirm" for r in SUITES["policy_lag_confirm"])
+    assert studies["provenance"]["reused"] == [
         {
-            "aggregate": {
-                "a": 0.5,
-                "b": 0.4,
-                "diff": 0.1,
-                "low": -0.1,
-                "high": 0.3,
-                "p_holm": 0.4,
-                "verdict": "no significant difference",
-            }
+            "commits": [rep.SUITE_COMMIT],
+            "runs": n_reused,
+            "suites": {"annealed5": 12, "main_compiled": 18, "policy_lag": 40},
         }
-    ] + [{"aggregate": {"verdict": "higher"}}] * (len(rep.COMPARISONS) - 1)
+    ]
+
+
+def _aggregate(verdict, diff=0.3, p=0.01):
+    return {"a": 0.8, "b": 0.4, "diff": diff, "low": 0.1, "high": 0.5, "p_holm": p, "verdict": verdict}
+
+
+def _comparisons(robust="higher", gate="higher", controller="no significant difference"):
+    verdicts = {"more robust": robust, "gate": gate, "controller (PPO)": controller}
+    per_env = {e: {"n_a": 10, "n_b": 9} for e in rep.CONFIRM_ENVS}
+    return [
+        {"aggregate": _aggregate(verdicts.get(name, "higher")), "per_env": per_env}
+        for _, name, _, _ in rep.COMPARISONS
+    ]
+
+
+@pytest.mark.parametrize(
+    ("gate", "controller", "expected"),
+    [
+        ("higher", "no significant difference", "gate"),
+        ("higher", "lower", "gate"),
+        ("no significant difference", "higher", "controller"),
+        ("higher", "higher", "gate and controller"),
+        ("no significant difference", "no significant difference", "undetermined"),
+        ("lower", "higher", "undetermined"),  # the gate significantly lower: not "controller"
+        ("not tested (fewer than 2 runs a side)", "higher", "undetermined"),
+        ("lower", "no significant difference", "undetermined"),
+    ],
+)
+def test_attribution_follows_the_rule_branch_by_branch(gate, controller, expected):
+    assert rep.cause(gate, controller) == expected
+    words = rep.attribution_words(_comparisons(gate=gate, controller=controller))
+    assert f"confirmed; cause: {expected} (" in words
+
+
+def test_no_significant_difference_attributes_no_cause_and_says_n_and_p():
+    comparisons = _comparisons(robust="no significant difference", gate="higher", controller="higher")
+    comparisons[0]["aggregate"].update(p_holm=0.4)
     words = rep.attribution_words(comparisons)
-    assert "not confirmed (no significant difference)" in words and "no cause is attributed" in words
-    assert "cause:" not in words
+    assert "not confirmed: no significant difference (n = 10 / 9 Walker2d-v4, 10 / 9 Ant-v4" in words
+    assert "Holm p = 0.400)" in words and "no cause is attributed" in words and "cause:" not in words
     comparisons[0]["aggregate"].update(diff=-0.3, p_holm=0.01, verdict="lower")
-    assert "refuted" in rep.attribution_words(comparisons)
+    assert "refuted in the other direction" in rep.attribution_words(comparisons)
+
+
+def test_decoupling_is_said_to_help_only_where_the_decoupled_arm_is_significantly_above():
+    comparisons = _comparisons()
+    names = [name for _, name, _, _ in rep.COMPARISONS]
+    comparisons[names.index("decoupling (RGPO)")]["aggregate"].update(verdict="no significant difference")
+    words = rep.decoupling_words(comparisons)
+    assert "decoupling helps PPO (" in words and "decoupling is not shown to help RGPO" in words
+    assert "seeds 0-4 only (n = 5 per environment)" in words
 
 
 def test_provenance_compares_code_paths_by_syntax_tree():
     """The suite commit is its own code path; the commit before the component flags is not; a commit whose
-    only change in the code path is the closing console line (TrainingRun.finish) is."""
+    only change in the code path is the closing console line (TrainingRun.finish) is; commits that add issue
+    47's corrections module to rgpo_trl.core (an export none of the scripts' names come from) are."""
     assert rep.same_code_path(rep.SUITE_COMMIT) is True
     assert rep.same_code_path("e53d11f") is False  # before --kl-penalty and the start-of-update statistics
     assert rep.same_code_path("f76bccb") is True  # TrainingRun.finish's closing line only
+    for commit in ("67d0af29", "afc5f609"):  # rgpo_trl.core also imports corrections.py
+        check = rep.code_path_check(commit)
+        assert check.same is True and any("corrections.py" in n for n in check.notes)
     assert rep.same_code_path("0" * 40) is None
+    assert rep.same_code_path("unknown") is None
+    assert {"rgpo_trl/cli.py", "rgpo_trl/core/registry.py"} <= set(rep.CODE_PATH)
+
+
+def _worktree_show(real_show, files):
+    """A stand-in commit "WORKTREE": the working tree, with ``files`` ({path: text or None}) changed."""
+
+    def show(commit, path):
+        if commit != "WORKTREE":
+            return real_show(commit, path)
+        if path in files:
+            return files[path]
+        full = os.path.join(ROOT, path)
+        return open(full).read() if os.path.isfile(full) else None
+
+    return show
+
+
+def _worktree_ls(real_ls, extra=()):
+    def ls(commit, *paths):
+        if commit != "WORKTREE":
+            return real_ls(commit, *paths)
+        found = []
+        for p in paths:
+            for base, _, names in os.walk(os.path.join(ROOT, p)):
+                found += [os.path.relpath(os.path.join(base, n), ROOT) for n in names if n.endswith(".py")]
+        return sorted(found + [e for e in extra if any(e.startswith(p) for p in paths)])
+
+    return ls
 
 
 def test_provenance_at_a_commit_with_the_lab_runner_compares_the_runner(monkeypatch):
@@ -134,15 +307,53 @@ def test_provenance_at_a_commit_with_the_lab_runner_compares_the_runner(monkeypa
     a commit (here the working tree, standing in for one) the suite commit's mujoco_baselines/<file> is
     compared with the runner's <file>, found the same code path; compared with the scripts instead, it is
     not."""
-    real_show = rep._git_show
-
-    def show(commit, path):
-        if commit != "WORKTREE":
-            return real_show(commit, path)
-        full = os.path.join(ROOT, path)
-        return open(full).read() if os.path.isfile(full) else None
-
-    monkeypatch.setattr(rep, "_git_show", show)
-    assert rep.same_code_path("WORKTREE") is True
+    monkeypatch.setattr(rep, "_git_show", _worktree_show(rep._git_show, {}))
+    monkeypatch.setattr(rep, "_git_ls", _worktree_ls(rep._git_ls))
+    check = rep.code_path_check("WORKTREE")
+    assert check.same is True and any("entry point" in n for n in check.notes)
     monkeypatch.setattr(rep, "RUNNER", "mujoco_baselines")  # no mapping: the suite's files vs the scripts
     assert rep.same_code_path("WORKTREE") is not True
+
+
+def test_provenance_catches_a_new_runner_file_a_rebound_name_and_an_import_that_touches_a_registry(
+    monkeypatch,
+):
+    real_show, real_ls = rep._git_show, rep._git_ls
+    core = os.path.join(ROOT, "rgpo_trl", "core", "__init__.py")
+    corrections = os.path.join(ROOT, "rgpo_trl", "core", "corrections.py")
+    cases = [
+        # a runner file the suite commit lacks: not checked (named), never ignored
+        (
+            {"rgpo_lab/mujoco_runner/helper.py": "X = 1\n"},
+            ["rgpo_lab/mujoco_runner/helper.py"],
+            None,
+            "helper",
+        ),
+        # rgpo_trl.core's make_gate taken from another module: a different code path
+        (
+            {
+                "rgpo_trl/core/__init__.py": open(core).read()
+                + "from .corrections import make_correction as make_gate\n"
+            },
+            [],
+            False,
+            "make_gate",
+        ),
+        # the extra module imported by rgpo_trl.core registers into GATES: not checked
+        (
+            {
+                "rgpo_trl/core/corrections.py": open(corrections).read()
+                + "from .gates import GATES\nGATES['x'] = 1\n"
+            },
+            [],
+            None,
+            "GATES",
+        ),
+        # the runner's entry point changed: a different code path
+        ({"rgpo_lab/mujoco_runner/__main__.py": "import os\n"}, [], False, "entry point"),
+    ]
+    for files, extra, expected, named in cases:
+        monkeypatch.setattr(rep, "_git_show", _worktree_show(real_show, files))
+        monkeypatch.setattr(rep, "_git_ls", _worktree_ls(real_ls, extra))
+        check = rep.code_path_check("WORKTREE")
+        assert check.same is expected and any(named in n for n in check.notes), (named, check)
