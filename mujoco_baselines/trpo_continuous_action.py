@@ -9,6 +9,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -34,6 +35,9 @@ class Args:
     """torch intra-op threads (1 is fastest for these small networks; CPU only)"""
     save_model: bool = False
     """whether to save the model into the `runs/{run_name}` folder"""
+    eval_episodes: int = 10
+    """episodes of the deterministic evaluation at the end (the policy mean, observation statistics frozen,
+    seed + 10000); 0 skips it"""
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v4"
@@ -292,6 +296,10 @@ if __name__ == "__main__":
             raise ValueError(
                 f"num_minibatches must divide num_steps ({args.num_steps}), got {args.num_minibatches}"
             )
+        if args.eval_episodes < 0:
+            raise ValueError(
+                f"eval_episodes must be an integer >= 0 (0: no evaluation), got {args.eval_episodes}"
+            )
         env = NormalizedEnv(args.env_id, args.gamma)
     except gym.error.Error as err:
         sys.exit(f"error: env_id: {err}")
@@ -428,6 +436,34 @@ if __name__ == "__main__":
         writer.add_scalar("trpo/ess", np.mean(esss), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         print(f"iteration={iteration} global_step={global_step} approx_kl={approx_kl:.4f} SPS={sps}")
+
+    # deterministic evaluation, as the lab runner's: the policy mean on a new environment (seed + 10000),
+    # observations normalised with the training statistics frozen at the end, undiscounted returns
+    if args.eval_episodes > 0:
+        with warnings.catch_warnings():  # the v4 ids' deprecation notice was shown by the training env
+            warnings.simplefilter("ignore", DeprecationWarning)
+            eval_env = gym.make(args.env_id)
+        obs_mean, obs_std = env.obs_rms.mean.copy(), np.sqrt(env.obs_rms.var + 1e-8)
+        eval_returns = []
+        eval_obs, _ = eval_env.reset(seed=args.seed + 10000)
+        for _ in range(args.eval_episodes):
+            total, done = 0.0, False
+            while not done:
+                x = np.clip((np.asarray(eval_obs, np.float64) - obs_mean) / obs_std, -10.0, 10.0)
+                with torch.no_grad():
+                    action = agent.actor_mean(torch.as_tensor(x, dtype=torch.float32)).numpy()
+                eval_obs, reward, terminated, truncated, _ = eval_env.step(np.clip(action, env.low, env.high))
+                total, done = total + float(reward), terminated or truncated
+            eval_returns.append(total)
+            eval_obs, _ = eval_env.reset()
+        eval_env.close()
+        eval_mean = math.fsum(eval_returns) / len(eval_returns)
+        eval_std = float(np.std(eval_returns, ddof=1)) if len(eval_returns) > 1 else math.nan
+        writer.add_scalar("eval/episodic_return", eval_mean, global_step)
+        print(
+            f"eval: {eval_mean:.1f} ± {eval_std:.1f} over {args.eval_episodes} episodes "
+            f"(deterministic policy): {', '.join(f'{r:.1f}' for r in eval_returns)}"
+        )
 
     if args.save_model:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"

@@ -34,6 +34,7 @@ def _run(args, cwd, env=ENV):
         ("ppo", ["--num-minibatches", "3"], "num_minibatches must divide num_steps (2048), got 3"),
         ("ppo", ["--kl-target", "0.05"], "kl_target only take effect with --kl-penalty"),
         ("awr", ["--env-id", "CartPole-v1"], "env_id 'CartPole-v1' has a Discrete action space"),
+        ("trpo", ["--eval-episodes", "-1"], "eval_episodes must be an integer >= 0"),
     ],
 )
 def test_mujoco_script_bad_input_is_one_line_and_leaves_no_run_folder(method, flags, needle, tmp_path):

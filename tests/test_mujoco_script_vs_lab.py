@@ -31,6 +31,8 @@ pytest.importorskip("tyro")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT = ["--env-id", "Hopper-v4", "--total-timesteps", "768", "--num-steps", "256"]  # 3 iterations
+SHORT += ["--eval-episodes", "2"]  # the deterministic evaluation at the end, short (as EVAL_EPISODES)
+EVAL_EPISODES = 2
 
 # per iteration, the script's TensorBoard name -> the runner's (CleanRL's names where both have one)
 SHARED = {
@@ -96,7 +98,7 @@ def run_script(method, flags, workdir, monkeypatch):
 
 
 def run_lab(method, overrides, tmp_path, monkeypatch):
-    """The lab runner's ``<method>`` on the same run, eager: (scalars, agent)."""
+    """The lab runner's ``<method>`` on the same run, eager: (scalars, agent, final.json's dict)."""
     module = load(method)
     built = []
 
@@ -106,17 +108,18 @@ def run_lab(method, overrides, tmp_path, monkeypatch):
             built.append(self)
 
     kw = dict(total_timesteps=768, num_steps=256, minibatch_size=64, tensorboard=True)
-    kw.update(eval_episodes=0, checkpoint_every=0, **overrides)
+    kw.update(eval_episodes=EVAL_EPISODES, checkpoint_every=0, **overrides)
     with monkeypatch.context() as m:
         m.setattr("torch.utils.tensorboard.SummaryWriter", Recorder)
         m.setattr(module, "Agent", RecordedAgent)
-        module.main(small_args(module, tmp_path, "lab", **kw))
-    return Recorder.last.scalars, built[0]
+        final = module.main(small_args(module, tmp_path, "lab", **kw))
+    return Recorder.last.scalars, built[0], final
 
 
 def compare(method, script, lab, extra=()):
-    """Asserts that the script's run is the runner's: episodes, per-iteration metrics, final parameters."""
-    (s, s_agent), (lab_scalars, lab_agent) = script, lab
+    """Asserts that the script's run is the runner's: episodes, per-iteration metrics, final parameters and
+    the deterministic evaluation's mean return."""
+    (s, s_agent), (lab_scalars, lab_agent, lab_final) = script, lab
     for tag in ("charts/episodic_return", "charts/episodic_length"):
         assert s[tag] == lab_scalars[tag] and len(s[tag]) > 0, tag
     names = {**SHARED, **OWN[method], **dict(extra)}
@@ -126,6 +129,8 @@ def compare(method, script, lab, extra=()):
     lab_state = lab_agent.state_dict()
     for name, tensor in s_agent.state_dict().items():
         assert torch.equal(tensor, lab_state[name]), name
+    assert len(lab_final["eval_episodes"]) == EVAL_EPISODES
+    assert s["eval/episodic_return"] == [(768, lab_final["eval_return_mean"])], s["eval/episodic_return"]
 
 
 CASES = [

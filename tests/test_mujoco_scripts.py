@@ -54,7 +54,8 @@ def test_script_is_one_file_importing_only_the_library_loss(method):
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module.split(".")[0])
     assert "rgpo_lab" not in imported and "mujoco_baselines" not in imported
-    assert imported <= {"copy", "math", "os", "random", "sys", "time", "collections", "dataclasses"} | {
+    stdlib = {"copy", "math", "os", "random", "sys", "time", "warnings", "collections", "dataclasses"}
+    assert imported <= stdlib | {
         "gymnasium",
         "mujoco",
         "numpy",
@@ -94,9 +95,10 @@ def test_the_update_is_visible(method):
         '"losses/approx_kl"',
         '"losses/explained_variance"',
         '"charts/SPS"',
+        '"eval/episodic_return"',
     ):
         assert needle in src, needle
-    assert len(src.splitlines()) <= 450
+    assert len(src.splitlines()) <= 480
     if method == "rgpo":
         assert "rgpo_trl.rgpo_loss(" in src and "rgpo_trl.make_gate(" in src and "make_kl_controller(" in src
     if method == "ppo":
