@@ -245,22 +245,25 @@ def _p(x) -> str:
     return f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
 
 
+def _window_values(runs, key) -> list[float]:
+    return [r["window"][key] for r in runs if r["window"].get(key) is not None]
+
+
 def _window_mean(runs, key) -> float | None:
-    x = [r["window"][key] for r in runs if r["window"].get(key) is not None]
+    x = _window_values(runs, key)
     return float(np.mean(x)) if x else None
 
 
 def _missing_summary(missing: list[str]) -> list[str]:
     """The unfinished runs as one line per suite and cell: how many, which seeds."""
-    by_cell: dict[tuple[str, str], set[str]] = {}
+    by_cell: dict[tuple[str, str], list[str]] = {}
     for name in missing:
         suite, run = name.rsplit("/", 1)
         parts = run.split("__")
-        by_cell.setdefault((suite, parts[2]), set()).add(parts[3])
+        by_cell.setdefault((suite, parts[2]), []).append(parts[3])
     lines = ["| suite | cell | runs not finished | seeds |", "|---|---|---|---|"]
     for (suite, cell), seeds in by_cell.items():
-        n = sum(1 for m in missing if m.startswith(f"{suite}/") and m.split("__")[2] == cell)
-        lines.append(f"| {suite} | {cell} | {n} | {', '.join(sorted(seeds))} |")
+        lines.append(f"| {suite} | {cell} | {len(seeds)} | {', '.join(sorted(set(seeds)))} |")
     return lines
 
 
@@ -406,7 +409,7 @@ def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str
 
 
 def _window_spread(runs, key) -> str:
-    x = [r["window"][key] for r in runs if r["window"].get(key) is not None]
+    x = _window_values(runs, key)
     if not x:
         return "-"
     m = mean_std(x)
