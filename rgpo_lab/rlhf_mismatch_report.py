@@ -180,22 +180,55 @@ def cell_tests(data, cell: str) -> dict:
         }
     best = max(peers.values()) if peers else None
     tied = [a for a in peers if peers[a] == best]
-    return {"vs_rgpo": rows, "best_peer": tied[0] if tied else None, "best_peer_tied_with": tied[1:]}
+    peer = tied[0] if tied else None
+    return {
+        "vs_rgpo": rows,
+        "best_peer": peer,
+        "best_peer_tied_with": tied[1:],
+        "vs_best_peer": {} if peer is None else against(data, cell, peer),
+    }
 
 
-def matched_kl_words(arm: str, gold_diff: float, p_holm: float, kl_diff: float, kl_holm: float) -> str:
-    """The rule's words for arm against rgpo: "rgpo higher / lower than <arm>" after Holm, a significant gold
-    difference whose winner has a significantly higher KL_ref "<winner> higher gold at a higher KL_ref:
-    undecided", and a win whose KL_ref cannot be tested (fewer than 2 values a side) undecided too."""
+def against(data, cell: str, reference: str) -> dict:
+    """Every other arm against ``reference`` on test gold (Welch, Holm over these comparisons in the cell)
+    with the matched-KL condition (Welch on KL_ref, Holm likewise): the issue's "every arm against the best
+    peer" (INTERPRETATION.md, 6), a family of its own beside the vs-rgpo one."""
+    arms = [a for a in mm.ARMS if a != reference]
+    ref_gold, ref_kl = _values(data, cell, reference), _values(data, cell, reference, "kl_ref")
+    gold = {a: welch(_values(data, cell, a), ref_gold) for a in arms}
+    kl = {a: welch(_values(data, cell, a, "kl_ref"), ref_kl) for a in arms}
+    gold_holm = dict(zip(arms, holm([gold[a].p for a in arms]), strict=True))
+    kl_holm = dict(zip(arms, holm([kl[a].p for a in arms]), strict=True))
+    return {
+        a: {
+            "n": len(_values(data, cell, a)),
+            "n_reference": len(ref_gold),
+            "gold_diff": gold[a].diff,
+            "p_holm": gold_holm[a],
+            "kl_ref_diff": kl[a].diff,
+            "kl_p_holm": kl_holm[a],
+            "verdict": matched_kl_words(a, gold[a].diff, gold_holm[a], kl[a].diff, kl_holm[a], reference),
+        }
+        for a in arms
+    }
+
+
+def matched_kl_words(
+    arm: str, gold_diff: float, p_holm: float, kl_diff: float, kl_holm: float, reference: str = "rgpo"
+) -> str:
+    """The rule's words for arm against the reference (rgpo unless named): "rgpo higher / lower than <arm>"
+    after Holm, a significant gold difference whose winner has a significantly higher KL_ref "<winner> higher
+    gold at a higher KL_ref: undecided", and a win whose KL_ref cannot be tested (fewer than 2 values a side)
+    undecided too."""
     words = verdict(gold_diff, p_holm)
     if words not in ("higher", "lower"):
         return words
-    winner = arm if words == "higher" else "rgpo"
+    winner = arm if words == "higher" else reference
     if not np.isfinite(kl_holm):
         return f"{winner} higher gold, KL_ref not testable: undecided"
     if kl_holm <= 0.05 and (kl_diff > 0) == (winner == arm):
         return f"{winner} higher gold at a higher KL_ref: undecided"
-    return f"rgpo {'lower' if words == 'higher' else 'higher'} than {arm}"
+    return f"{reference} {'lower' if words == 'higher' else 'higher'} than {arm}"
 
 
 def hurt_by_cell(data) -> dict:
@@ -363,6 +396,7 @@ def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str
                 f"Diverged (test KL_ref above 10x the arm's fp32 mean): {', '.join(diverged_runs[cell])}.",
             ]
         lines.append("")
+    lines += _vs_best_peer_lines(tests, hurt)
     lines += [
         "## Did the gate act? (rgpo's runs, window means over steps 305-400: mean ± std (n))",
         "",
@@ -406,6 +440,45 @@ def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str
         lines += ["", f"## Not finished ({len(missing)}; every name in studies.json)", ""]
         lines += _missing_summary(missing)
     return "\n".join(lines) + "\n"
+
+
+def _vs_best_peer_lines(tests, hurt) -> list[str]:
+    """Per cell, every arm's gold minus the best peer's (Holm p), the verdicts that are not "no significant
+    difference", and the arms not tested yet."""
+    arms = list(mm.ARMS)
+    lines = [
+        "## Every arm against the best peer, per cell (gold difference (Holm p), Holm within the cell; "
+        "matched KL)",
+        "",
+        "The best peer is the peer arm (ignore, ppo_clip, tis, icepop, seq_mask) with the highest mean gold "
+        "in the cell, so it is picked after the fact: the other peers' differences lean negative by "
+        "construction.",
+        "",
+        "| cell | best peer | " + " | ".join(arms) + " | verdicts |",
+        "|---|---|" + "---|" * (len(arms) + 1),
+    ]
+    for cell, t in tests.items():
+        peer, rows = t["best_peer"], t.get("vs_best_peer", {})
+        if peer is None:
+            continue
+        entries = [
+            "(best peer)" if a == peer else f"{_f(rows[a]['gold_diff'])} ({_p(rows[a]['p_holm'])})"
+            for a in arms
+        ]
+        said = [
+            r["verdict"]
+            for r in rows.values()
+            if r["verdict"] != "no significant difference" and not r["verdict"].startswith("not tested")
+        ]
+        untested = [a for a, r in rows.items() if r["verdict"].startswith("not tested")]
+        if untested:
+            said.append(f"not tested (fewer than 2 runs a side): {', '.join(untested)}")
+        ranks = cell != CONTROL and hurt.get(cell, {}).get("ranks", False)
+        note = "" if ranks else " (cell does not rank)"
+        lines.append(
+            f"| {cell}{note} | {peer} | " + " | ".join(entries) + f" | {'; '.join(said) or 'none'} |"
+        )
+    return [*lines, ""]
 
 
 def _window_spread(runs, key) -> str:

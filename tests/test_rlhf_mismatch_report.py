@@ -139,3 +139,33 @@ def test_crashed_runs_are_failed_and_diverged_runs_named(tmp_path, monkeypatch):
     assert "## Failed (1" in md and "INTERIM" in md
     assert s["diverged"]["sigma1.0"] == [f"rgpo s{seed}" for seed in mm.SEEDS]
     assert s["cells"]["sigma1.0"]["vs_rgpo"]["tis"]["n_rgpo"] == len(mm.SEEDS)  # diverged runs stay in
+
+
+def test_every_arm_against_the_best_peer_is_holm_over_the_other_arms(tmp_path, monkeypatch):
+    """The issue's "every arm against the best peer" (INTERPRETATION.md, 6): scipy's Welch against the best
+    peer's runs, Holm over the seven other arms, the matched-KL words from the peer's side."""
+    gold = {("tis", "sigma1.0"): 2.6, ("rgpo", "sigma1.0"): 1.0, ("rgpo_gate", "sigma1.0"): 2.55}
+    results = _study(tmp_path, monkeypatch, gold)
+    md = rep.build(results, str(tmp_path / "out"))
+    s = json.loads((tmp_path / "out" / "studies.json").read_text())
+    data, _, _ = rep.load(results)
+    cell = s["cells"]["sigma1.0"]
+    assert cell["best_peer"] == "tis"
+    rows = cell["vs_best_peer"]
+    arms = [a for a in mm.ARMS if a != "tis"]
+    assert list(rows) == arms
+    tis = rep._values(data, "sigma1.0", "tis")
+    ps = [stats.ttest_ind(rep._values(data, "sigma1.0", a), tis, equal_var=False).pvalue for a in arms]
+    order, adjusted, running = np.argsort(ps), [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adjusted[i] = running
+    assert [rows[a]["p_holm"] for a in arms] == pytest.approx(adjusted)
+    assert rows["rgpo"]["gold_diff"] == pytest.approx(
+        np.mean(rep._values(data, "sigma1.0", "rgpo")) - np.mean(tis)
+    )
+    assert rows["rgpo"]["verdict"] == "tis higher than rgpo"
+    assert rows["ignore"]["verdict"] == "tis higher than ignore"  # ignore at 2.0 against tis at 2.6
+    assert rows["rgpo_gate"]["verdict"] == "no significant difference"
+    line = next(x for x in md.splitlines() if x.startswith("| sigma1.0 (cell does not rank) | tis |"))
+    assert "(best peer)" in line and "tis higher than rgpo" in line and "rgpo_gate" not in line.split("|")[-2]
