@@ -317,6 +317,12 @@ def _precheck_line() -> str:
     )
 
 
+def _not_hurt(h: dict) -> str:
+    """ "not hurt", or "not hurt: higher" where ignore's gold is significantly above its fp32 gold (so a small
+    Holm p beside "not hurt" is not read as nearly hurt)."""
+    return "not hurt: higher" if h["p_holm"] <= 0.05 and h["diff"] > 0 else "not hurt"
+
+
 def _cell_note(cell: str, hurt: dict, complete: bool) -> str:
     """Whether the cell can rank the corrections (only where ignore is hurt: the rule), in words."""
     if cell == CONTROL:
@@ -327,7 +333,9 @@ def _cell_note(cell: str, hurt: dict, complete: bool) -> str:
         return f"ignore is hurt here ({n}, Holm p = {_p(h['p_holm'])}): this cell ranks the corrections"
     if h["state"] == "not hurt":
         p_holm = _p(h["p_holm"])
-        return f"ignore is not hurt here ({n}, Holm p = {p_holm}): this cell cannot rank the corrections"
+        higher = ", its gold higher" if _not_hurt(h) != "not hurt" else ""
+        cannot = "this cell cannot rank the corrections"
+        return f"ignore is not hurt here{higher} ({n}, Holm p = {p_holm}): {cannot}"
     return f"whether ignore is hurt is not tested yet ({n}; fewer than 2 finished runs a side)"
 
 
@@ -354,7 +362,8 @@ def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str
             g, k = mean_std(_values(data, cell, arm)), mean_std(_values(data, cell, arm, "kl_ref"))
             cells.append(f"{_f(g.mean)} ± {_f(g.std)} ({g.n}); {_f(k.mean)}")
         h = hurt.get(cell)
-        hurt_cell = "control" if h is None else f"{h['state']} ({_p(h['p_holm'])})"
+        state = h and (_not_hurt(h) if h["state"] == "not hurt" else h["state"])
+        hurt_cell = "control" if h is None else f"{state} ({_p(h['p_holm'])})"
         lines.append(f"| {cell} | " + " | ".join(cells) + f" | {hurt_cell} |")
     fam = [f for f in families(data) if f]
     lines += [

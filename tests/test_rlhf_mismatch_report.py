@@ -111,6 +111,17 @@ def test_untested_hurt_is_not_called_not_hurt(tmp_path, monkeypatch):
     assert "**int8** (whether ignore is hurt is not tested yet" in md
 
 
+def test_ignore_significantly_higher_is_not_hurt_and_says_higher(tmp_path, monkeypatch):
+    """A small Holm p beside "not hurt" where ignore's gold is above fp32 says "higher" (not nearly hurt)."""
+    results = _study(tmp_path, monkeypatch, {("ignore", "lag32"): 3.0})
+    md = rep.build(results, str(tmp_path / "out"))
+    hurt = json.loads((tmp_path / "out" / "studies.json").read_text())["hurt"]
+    assert hurt["lag32"]["state"] == "not hurt" and hurt["lag32"]["p_holm"] <= 0.05
+    assert "**lag32** (ignore is not hurt here, its gold higher (n = 5 vs 5" in md
+    assert "| not hurt: higher (" in next(x for x in md.splitlines() if x.startswith("| lag32 | "))
+    assert "**lag8** (ignore is not hurt here (n = 5 vs 5" in md
+
+
 def test_matched_kl_words_name_the_winner():
     """The rule's words from rgpo's side; a win at a significantly higher KL_ref is the winner's, named."""
     w = rep.matched_kl_words
