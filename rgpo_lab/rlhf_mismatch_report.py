@@ -160,24 +160,20 @@ def _values(data, cell, arm, key="gold") -> list[float]:
 def cell_tests(data, cell: str) -> dict:
     """Every arm against rgpo on test gold (Holm within the cell), the matched-KL condition (Welch on KL_ref,
     Holm within the cell), the best peer."""
-    arms = [a for a in mm.ARMS if a != "rgpo"]
-    gold = {a: welch(_values(data, cell, a), _values(data, cell, "rgpo")) for a in arms}
-    kl = {a: welch(_values(data, cell, a, "kl_ref"), _values(data, cell, "rgpo", "kl_ref")) for a in arms}
-    gold_holm = dict(zip(arms, holm([gold[a].p for a in arms]), strict=True))
-    kl_holm = dict(zip(arms, holm([kl[a].p for a in arms]), strict=True))
     peers = {a: np.mean(_values(data, cell, a)) for a in mm.PEERS if _values(data, cell, a)}
-    rows = {}
-    for a in arms:
-        rows[a] = {
-            "n": len(_values(data, cell, a)),
-            "n_rgpo": len(_values(data, cell, "rgpo")),
-            "gold_diff_vs_rgpo": gold[a].diff,
-            "p": gold[a].p,
-            "p_holm": gold_holm[a],
-            "kl_ref_diff_vs_rgpo": kl[a].diff,
-            "kl_p_holm": kl_holm[a],
-            "verdict": matched_kl_words(a, gold[a].diff, gold_holm[a], kl[a].diff, kl_holm[a]),
+    rows = {
+        a: {
+            "n": r["n"],
+            "n_rgpo": r["n_reference"],
+            "gold_diff_vs_rgpo": r["gold_diff"],
+            "p": r["p"],
+            "p_holm": r["p_holm"],
+            "kl_ref_diff_vs_rgpo": r["kl_ref_diff"],
+            "kl_p_holm": r["kl_p_holm"],
+            "verdict": r["verdict"],
         }
+        for a, r in against(data, cell, "rgpo").items()
+    }
     best = max(peers.values()) if peers else None
     tied = [a for a in peers if peers[a] == best]
     peer = tied[0] if tied else None
@@ -204,6 +200,7 @@ def against(data, cell: str, reference: str) -> dict:
             "n": len(_values(data, cell, a)),
             "n_reference": len(ref_gold),
             "gold_diff": gold[a].diff,
+            "p": gold[a].p,
             "p_holm": gold_holm[a],
             "kl_ref_diff": kl[a].diff,
             "kl_p_holm": kl_holm[a],
