@@ -314,10 +314,15 @@ def _precheck_line() -> str:
     )
 
 
-def _not_hurt(h: dict) -> str:
-    """ "not hurt", or "not hurt: higher" where ignore's gold is significantly above its fp32 gold (so a small
-    Holm p beside "not hurt" is not read as nearly hurt)."""
-    return "not hurt: higher" if h["p_holm"] <= 0.05 and h["diff"] > 0 else "not hurt"
+def _ignore_higher(h: dict) -> bool:
+    """Not hurt because ignore's gold is significantly *above* its fp32 gold: said in words, so the small Holm
+    p beside "not hurt" is not read as nearly hurt."""
+    return h["state"] == "not hurt" and h["p_holm"] <= 0.05 and h["diff"] > 0
+
+
+def _ranks(cell: str, hurt: dict) -> bool:
+    """Whether the cell may rank the corrections (ignore hurt there; never the control)."""
+    return cell != CONTROL and hurt.get(cell, {}).get("ranks", False)
 
 
 def _cell_note(cell: str, hurt: dict, complete: bool) -> str:
@@ -330,7 +335,7 @@ def _cell_note(cell: str, hurt: dict, complete: bool) -> str:
         return f"ignore is hurt here ({n}, Holm p = {_p(h['p_holm'])}): this cell ranks the corrections"
     if h["state"] == "not hurt":
         p_holm = _p(h["p_holm"])
-        higher = ", its gold higher" if _not_hurt(h) != "not hurt" else ""
+        higher = ", its gold higher" if _ignore_higher(h) else ""
         cannot = "this cell cannot rank the corrections"
         return f"ignore is not hurt here{higher} ({n}, Holm p = {p_holm}): {cannot}"
     return f"whether ignore is hurt is not tested yet ({n}; fewer than 2 finished runs a side)"
@@ -359,8 +364,11 @@ def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str
             g, k = mean_std(_values(data, cell, arm)), mean_std(_values(data, cell, arm, "kl_ref"))
             cells.append(f"{_f(g.mean)} ± {_f(g.std)} ({g.n}); {_f(k.mean)}")
         h = hurt.get(cell)
-        state = h and (_not_hurt(h) if h["state"] == "not hurt" else h["state"])
-        hurt_cell = "control" if h is None else f"{state} ({_p(h['p_holm'])})"
+        if h is None:
+            hurt_cell = "control"
+        else:
+            state = "not hurt: higher" if _ignore_higher(h) else h["state"]
+            hurt_cell = f"{state} ({_p(h['p_holm'])})"
         lines.append(f"| {cell} | " + " | ".join(cells) + f" | {hurt_cell} |")
     fam = [f for f in families(data) if f]
     lines += [
@@ -390,8 +398,7 @@ def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str
                 f"{_f(r['kl_ref_diff_vs_rgpo'])} | {_p(r['kl_p_holm'])} | {r['verdict']} |"
             )
         if peer is not None:
-            ranks = cell != CONTROL and hurt.get(cell, {}).get("ranks", False)
-            prefix = "" if ranks else "(this cell does not rank the corrections) "
+            prefix = "" if _ranks(cell, hurt) else "(this cell does not rank the corrections) "
             lines += [
                 "",
                 f"{prefix}rgpo against the best peer ({peer}): {_against_peer(peer, t['vs_rgpo'][peer])}.",
@@ -479,8 +486,7 @@ def _vs_best_peer_lines(tests, hurt) -> list[str]:
         untested = [a for a, r in rows.items() if r["verdict"].startswith("not tested")]
         if untested:
             said.append(f"not tested (fewer than 2 runs a side): {', '.join(untested)}")
-        ranks = cell != CONTROL and hurt.get(cell, {}).get("ranks", False)
-        note = "" if ranks else " (cell does not rank)"
+        note = "" if _ranks(cell, hurt) else " (cell does not rank)"
         lines.append(
             f"| {cell}{note} | {peer} | " + " | ".join(entries) + f" | {'; '.join(said) or 'none'} |"
         )
