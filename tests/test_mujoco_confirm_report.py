@@ -357,3 +357,38 @@ def test_provenance_catches_a_new_runner_file_a_rebound_name_and_an_import_that_
         monkeypatch.setattr(rep, "_git_ls", _worktree_ls(real_ls, extra))
         check = rep.code_path_check("WORKTREE")
         assert check.same is expected and any(named in n for n in check.notes), (named, check)
+
+
+def test_curves_show_every_arm_once_with_its_median_over_seeds(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _write_suite(str(tmp_path))
+    data = rep.load(str(tmp_path)).data
+    arms = [arm for row, _ in rep.CURVE_ROWS for arm in row]
+    assert sorted(arms) == sorted(rep.ARMS)  # every arm, none twice
+    captured = {}
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        captured["fig"] = fig
+        return real_savefig(fig, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt.Figure, "savefig", keep)
+        rep.curves(data, str(tmp_path / "out"))
+    axes = captured["fig"].axes
+    assert len(axes) == len(rep.CURVE_ROWS) * len(rep.CONFIRM_ENVS)
+    for i, (row, _) in enumerate(rep.CURVE_ROWS):
+        for j, env in enumerate(rep.CONFIRM_ENVS):
+            lines = axes[i * len(rep.CONFIRM_ENVS) + j].get_lines()
+            with_runs = [arm for arm in row if data[arm][env]]
+            assert len(lines) == len(with_runs)
+            for line, arm in zip(lines, with_runs, strict=True):
+                runs = data[arm][env]
+                n = min(len(m) for _, _, m in runs)
+                median = np.median(np.stack([m["return_last100"].to_numpy()[:n] for _, _, m in runs]), axis=0)
+                np.testing.assert_allclose(line.get_ydata(), median)
+                assert line.get_label().startswith(rep.LABELS[arm])
