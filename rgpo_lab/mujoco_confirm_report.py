@@ -962,8 +962,9 @@ def curves(data, out: str) -> str:
                 x = runs[0][2]["global_step"].to_numpy()[:n]
                 y = np.stack([m["return_last100"].to_numpy()[:n] for _, _, m in runs])
                 lo, mid, hi = np.nanpercentile(y, [25, 50, 75], axis=0)
-                ax.plot(x, mid, lw=1, label=f"{LABELS[arm]} (n={len(runs)})")
-                ax.fill_between(x, lo, hi, alpha=0.2)
+                colour = f"C{list(ARMS).index(arm)}"  # one colour per arm across both rows
+                ax.plot(x, mid, lw=1, color=colour, label=f"{LABELS[arm]} (n={len(runs)})")
+                ax.fill_between(x, lo, hi, color=colour, alpha=0.2)
             ax.set_title(f"{e}: {title}", fontsize=9)
             ax.set_xlabel("environment steps")
             ax.set_ylabel("training return (last 100 episodes)")
