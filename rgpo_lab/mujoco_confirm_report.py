@@ -39,6 +39,7 @@ from rgpo_lab.statistics import (
     verdict,
     welch,
 )
+from rgpo_trl.core.gates import LOG_RATIO_CLAMP
 
 RESULTS = os.path.join(ROOT, "results", "mujoco")
 OUT = os.path.join(RESULTS, "policy_lag_confirm", "report")
@@ -538,10 +539,15 @@ def retention(data, n_boot: int) -> dict:
     return out
 
 
+# A run's largest ratio at this value is the log-ratio clamp (r = exp(20) in float32), not a measurement
+RATIO_AT_CLAMP = float(np.float32(np.exp(LOG_RATIO_CLAMP))) * (1 - 1e-6)
+
+
 def gate_activity(data) -> dict:
     """Per L = 8 arm and environment, seed means of the per-iteration means: what the gate or the clip saw
     before each update's first epoch (start_*) next to the epoch means; None where the runs predate the
-    start-of-update columns; ``<key>_n`` the runs with the column."""
+    start-of-update columns; ``<key>_n`` the runs with the column; ``<key>_at_clamp`` for the largest ratios,
+    the runs whose maximum is the log-ratio clamp."""
     out = {}
     for arm in ("ppo_dec", "rgpo_dec", "ppo_dec_kl", "rgpo_dec_nokl", "ppo_plain", "rgpo_plain"):
         out[arm] = {}
@@ -556,6 +562,8 @@ def gate_activity(data) -> dict:
                 ]
                 row[key] = float(np.mean(seeds)) if seeds else None
                 row[f"{key}_n"] = len(seeds)
+                if key.endswith("_max"):
+                    row[f"{key}_at_clamp"] = sum(x >= RATIO_AT_CLAMP for x in seeds)
             out[arm][e] = row
     return out
 
@@ -622,6 +630,14 @@ def status_of(missing: dict, prov: dict) -> tuple[str, str]:
 def _para(text: str) -> str:
     """``text`` on one line: a paragraph written across source lines."""
     return " ".join(text.split())
+
+
+EXTREMES = ("start_ratio_max", "ratio_max")
+
+
+def _clamped(g: dict, key: str) -> str:
+    k = g.get(f"{key}_at_clamp", 0)
+    return f"; {k} at clamp" if k else ""
 
 
 def _f(x, digits=3) -> str:
@@ -861,10 +877,19 @@ def report_md(suite: Suite, tables, comparisons, ret, gates, poi, prov, n_boot: 
     for arm, per_env in gates.items():
         for e, g in per_env.items():
             cells = [
-                "-" if g[key] is None else f"{_f(g[key], digits)} ({g[key + '_n']})"
+                "-" if g[key] is None else f"{_f(g[key], digits)} ({g[key + '_n']}{_clamped(g, key)})"
                 for key, digits in columns
             ]
             lines.append(f"| {LABELS[arm]} | {e} | " + " | ".join(cells) + " |")
+    if any(
+        g.get(f"{key}_at_clamp") for per_env in gates.values() for g in per_env.values() for key in EXTREMES
+    ):
+        lines += [
+            "",
+            _para(f""""k at clamp": in k of the runs the largest ratio is exp({LOG_RATIO_CLAMP:g}) =
+            {np.exp(LOG_RATIO_CLAMP):.3g}, where log-ratios are clamped (rgpo_trl.core.gates.LOG_RATIO_CLAMP):
+            the true ratio was at least that, and a mean over such runs is not a measured value."""),
+        ]
     lines += [
         "",
         "## Provenance",

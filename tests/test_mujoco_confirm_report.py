@@ -392,3 +392,25 @@ def test_curves_show_every_arm_once_with_its_median_over_seeds(tmp_path):
                 median = np.median(np.stack([m["return_last100"].to_numpy()[:n] for _, _, m in runs]), axis=0)
                 np.testing.assert_allclose(line.get_ydata(), median)
                 assert line.get_label().startswith(rep.LABELS[arm])
+
+
+def test_a_largest_ratio_at_the_log_ratio_clamp_is_counted_and_explained(tmp_path):
+    clamp = float(np.float32(np.exp(20.0)))  # what a float32 exp of the clamped log-ratio gives
+    metrics = [pd.DataFrame({"ratio_max": [3.0, clamp]}), pd.DataFrame({"ratio_max": [2.0, 5.0]})]
+    data = {arm: {e: [] for e in rep.CONFIRM_ENVS} for arm in rep.ARMS}
+    data["rgpo_dec_nokl"]["Hopper-v4"] = [(0, 1.0, metrics[0]), (1, 1.0, metrics[1])]
+    gates = rep.gate_activity(data)
+    g = gates["rgpo_dec_nokl"]["Hopper-v4"]
+    assert g["ratio_max"] == pytest.approx((clamp + 5.0) / 2) and g["ratio_max_n"] == 2
+    assert g["ratio_max_at_clamp"] == 1
+    assert gates["rgpo_dec_nokl"]["Walker2d-v4"]["ratio_max_at_clamp"] == 0
+    # in the report: the count beside the cell's n, and what the clamp means
+    _write_suite(str(tmp_path))
+    (run,) = [
+        r for r in SUITES["policy_lag_confirm"] if r.name == "Hopper-v4__rgpo__lag8_decoupled_nokl__s0__1000k"
+    ]
+    path = os.path.join(str(tmp_path), run.suite, run.name, "metrics.csv")
+    pd.read_csv(path).assign(ratio_max=[2.0, 3.0, clamp]).to_csv(path, index=False)
+    md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
+    assert f"| {rep._f(clamp, 2)} (1; 1 at clamp) |" in md
+    assert '"k at clamp": in k of the runs the largest ratio is exp(20)' in md
