@@ -632,9 +632,6 @@ def _para(text: str) -> str:
     return " ".join(text.split())
 
 
-EXTREMES = ("start_ratio_max", "ratio_max")
-
-
 def _clamped(g: dict, key: str) -> str:
     k = g.get(f"{key}_at_clamp", 0)
     return f"; {k} at clamp" if k else ""
@@ -881,9 +878,14 @@ def report_md(suite: Suite, tables, comparisons, ret, gates, poi, prov, n_boot: 
                 for key, digits in columns
             ]
             lines.append(f"| {LABELS[arm]} | {e} | " + " | ".join(cells) + " |")
-    if any(
-        g.get(f"{key}_at_clamp") for per_env in gates.values() for g in per_env.values() for key in EXTREMES
-    ):
+    clamped = [
+        v
+        for per_env in gates.values()
+        for g in per_env.values()
+        for k, v in g.items()
+        if k.endswith("_at_clamp")
+    ]
+    if any(clamped):
         lines += [
             "",
             _para(f""""k at clamp": in k of the runs the largest ratio is exp({LOG_RATIO_CLAMP:g}) =
