@@ -9,7 +9,7 @@ EXTRAS ?= all
 CONSTRAINTS ?= constraints.txt
 STAMP := .install.stamp
 
-.PHONY: install demo core-demo test test-slow lint docs clean
+.PHONY: install demo core-demo test test-slow lint docs clean results-data
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import torch" 2>/dev/null || { echo "[install] torch CPU wheel ($(TORCH_CPU)), about a minute"; \
@@ -37,6 +37,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PYTHON) -m pytest -m slow
+
+# The per-step logs (results/**/metrics.csv) are not tracked: write them back from main's history, offline,
+# each checked against its SHA-256 (results/per_step_data.json; standard library only, no install needed).
+results-data:
+	$(PYTHON) -m rgpo_lab.results_data restore
 
 # the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or reference fails the build
 docs: $(STAMP)

@@ -28,6 +28,7 @@ import numpy as np
 from rgpo_lab.json_values import plain
 from rgpo_lab.mujoco_grid import CONFIRM_ENVS, ROOT, SUITES, GridRun
 from rgpo_lab.mujoco_normalisation import Normaliser
+from rgpo_lab.results_data import open_metrics
 from rgpo_lab.statistics import (
     aggregate_difference,
     holm,
@@ -155,7 +156,8 @@ def load(results: str = RESULTS) -> Suite:
             missing["failed"].append(name)
             why_failed[name] = f"final.json's eval_return_mean is {ret!r}"
             continue
-        metrics = pd.read_csv(os.path.join(d, "metrics.csv"))
+        with open_metrics(d, required=True) as f:
+            metrics = pd.read_csv(f)
         data[by_key[(r.method, r.variant)]][r.env_id].append((r.seed, float(ret), metrics))
         commits[name] = run_commits(d)
     return Suite(data, missing, why_failed, commits)

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from rgpo_lab.job_queue import run_queue
+from rgpo_lab.results_data import open_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MUJOCO_ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4", "Ant-v4"]
@@ -264,7 +265,10 @@ def progress_of(run_dir: str) -> int:
     except (OSError, KeyError, ValueError):  # not finished (or being written): count the metrics rows
         pass
     try:
-        with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        f = open_metrics(run_dir)
+        if f is None:
+            return 0
+        with f:
             rows = list(csv.DictReader(f))
         return int(rows[-1]["global_step"]) if rows else 0
     except (OSError, KeyError, ValueError):

@@ -21,6 +21,7 @@ import numpy as np
 
 from rgpo_lab import rlhf_mismatch as mm
 from rgpo_lab.json_values import plain
+from rgpo_lab.results_data import open_metrics
 from rgpo_lab.statistics import holm, mean_std, verdict, welch
 
 RESULTS = os.path.join(mm.ROOT, "results", "rlhf")
@@ -62,9 +63,9 @@ def read_run(d: str) -> dict | None:
     with open(path) as f:
         heldout = json.load(f)
     rows = []
-    metrics = os.path.join(d, "metrics.csv")
-    if os.path.exists(metrics):
-        with open(metrics, newline="") as f:
+    metrics = open_metrics(d)
+    if metrics is not None:
+        with metrics as f:
             rows = list(csv.DictReader(f))
     window = {}
     for name, key in WINDOW_KEYS.items():

@@ -45,3 +45,21 @@ def quick_assets(tmp_path_factory):
 def assets_cache_root(assets):
     """The cache root to pass back to ``build_tiny_assets``: ``<root>/tiny_hh/v<N>-quick`` -> ``<root>``."""
     return assets.root.parent.parent
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.results_data("rlhf/v3", ...)``: the test reads those suites' per-step logs, which are
+    not tracked. Skipped (with the command) while they are not restored; failed when one on disk has another
+    checksum than the manifest records, since the test would then read other data than the report did."""
+    marker = item.get_closest_marker("results_data")
+    if marker is None:
+        return
+    from rgpo_lab.results_data import status
+
+    for suite, st in status(suites=marker.args).items():
+        if st.different:
+            pytest.fail(f"results/{st.different[0]} differs from results/per_step_data.json ({suite})")
+        if st.missing:
+            pytest.skip(
+                f"per-step logs of {suite} not restored ({st.missing} missing): run `make results-data`"
+            )

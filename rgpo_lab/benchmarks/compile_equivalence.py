@@ -27,6 +27,7 @@ import statistics
 from rgpo_lab.benchmarks.common import RESULTS
 from rgpo_lab.mujoco_grid import COMPILE_EQUIV_ENVS as ENVS
 from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
+from rgpo_lab.results_data import open_metrics
 
 SEEDS = [0, 1, 2]
 METRICS = {
@@ -38,13 +39,17 @@ METRICS = {
 
 
 def load_run(run_dir: str) -> dict | None:
+    """None while the run has not finished; a recorded log that is not restored raises (`open_metrics`)."""
     try:
         with open(os.path.join(run_dir, "final.json")) as f:
             final = json.load(f)
-        with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
-            rows = list(csv.DictReader(f))
     except (OSError, ValueError):
         return None
+    metrics = open_metrics(run_dir)
+    if metrics is None:
+        return None
+    with metrics as f:
+        rows = list(csv.DictReader(f))
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             commit = json.load(f).get("git_commit", "unknown")

@@ -35,6 +35,7 @@ import time
 from rgpo_lab.benchmarks.common import ONE_THREAD, RESULTS, ROOT, extract_baseline, invocation
 from rgpo_lab.mujoco_grid import MUJOCO_ENVS as ENVS
 from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
+from rgpo_lab.results_data import open_metrics
 
 
 def raw_env_rate(env_id: str, steps: int) -> float:
@@ -56,7 +57,7 @@ def raw_env_rate(env_id: str, steps: int) -> float:
 
 
 def run_stats(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, "metrics.csv")) as f:
+    with open_metrics(run_dir, required=True) as f:
         rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
     later = rows[1:]
     steps = rows[-1]["global_step"] - rows[0]["global_step"]

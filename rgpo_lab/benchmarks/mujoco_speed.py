@@ -40,6 +40,7 @@ import tempfile
 import time
 
 from rgpo_lab.benchmarks.common import ONE_THREAD, RESULTS, ROOT, invocation
+from rgpo_lab.results_data import open_metrics
 
 # (description, old, new): each must match exactly once in CleanRL's file.
 CLEANRL_PATCHES = [
@@ -150,7 +151,7 @@ def e2e(args, tmp):
                 sps = json.load(open(os.path.join(run_dir, "final.json")))["SPS"]
                 import csv
 
-                with open(os.path.join(run_dir, "metrics.csv")) as f:
+                with open_metrics(run_dir, required=True) as f:
                     rows = list(csv.DictReader(f))
                 results[name]["update_time"] += [float(r["update_time"]) for r in rows]
                 results[name]["rollout_time"] += [float(r["rollout_time"]) for r in rows]

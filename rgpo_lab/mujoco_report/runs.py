@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from rgpo_lab.results_data import open_metrics
+
 
 @dataclass
 class RunRecord:
@@ -48,18 +50,23 @@ def load_runs(root: str) -> list[RunRecord]:
             continue
         for name in sorted(os.listdir(suite_dir)):
             d = os.path.join(suite_dir, name)
-            metrics = os.path.join(d, "metrics.csv")
-            if not os.path.isfile(os.path.join(d, "config.json")) or not os.path.isfile(metrics):
+            if not os.path.isfile(os.path.join(d, "config.json")):
                 continue
-            if os.path.getsize(metrics) == 0:  # a run that has just started: no header yet
+            metrics = open_metrics(d)
+            if metrics is None:
                 continue
+            with metrics:
+                if not metrics.read(1):  # a run that has just started: no header yet
+                    continue
+                metrics.seek(0)
+                table = pd.read_csv(metrics)
             with open(os.path.join(d, "config.json")) as f:
                 cfg = json.load(f)
             final = None
             if os.path.isfile(os.path.join(d, "final.json")):
                 with open(os.path.join(d, "final.json")) as f:
                     final = json.load(f)
-            runs.append(RunRecord(suite, name, cfg, pd.read_csv(metrics), final))
+            runs.append(RunRecord(suite, name, cfg, table, final))
     return runs
 
 

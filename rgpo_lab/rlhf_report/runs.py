@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from rgpo_lab.results_data import open_metrics
 from rgpo_lab.rlhf_suite import read_run_json
 
 BIN = 25  # iterations per bin of the per-iteration curves (25 x 16 samples per bin and seed)
@@ -46,9 +47,9 @@ def read_rows(run_dir: str) -> list[dict]:
     """The per-step metric rows of a run: metrics.csv (empty cells: not logged at that step) or
     metrics.jsonl (null: a NaN the run logged, read as not logged). Text fields (``gold_missing_reason``) stay
     text."""
-    path = os.path.join(run_dir, "metrics.csv")
-    if os.path.exists(path):
-        with open(path, newline="") as f:
+    metrics = open_metrics(run_dir)
+    if metrics is not None:
+        with metrics as f:
             return [{k: _csv_value(k, v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
     path = os.path.join(run_dir, "metrics.jsonl")
     return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
