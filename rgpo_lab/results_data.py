@@ -302,25 +302,30 @@ def _logs_under(root: str, suite: str) -> list[str]:
     return sorted(p.replace(os.sep, "/") for p in found)
 
 
-def untrack(root: str, suite: str) -> SuiteRecord:
-    """Record the tracked logs of ``results/<suite>`` at HEAD (source ``tree``) and remove them from the index
-    (the files stay on disk, ignored); then commit the manifest and the removal together."""
+def untrack(root: str, suites: list[str]) -> dict[str, SuiteRecord]:
+    """Record the tracked logs of each ``results/<suite>`` at HEAD (source ``tree``) and remove them from the
+    index (the files stay on disk, ignored); then commit the manifest and the removal together."""
     _clean_index(root)
     head = _git(root, "rev-parse", "HEAD").decode().strip()
-    tracked = _git(root, "ls-files", "-z", "--", f"results/{suite}").decode().split("\0")
-    logs = sorted(p[len("results/") :] for p in tracked if p.endswith("/" + LOG_NAME))
-    if not logs:
-        raise PerStepDataError(f"results/{suite} has no tracked {LOG_NAME}")
-    if _git(root, "status", "--porcelain", "--", *(f"results/{p}" for p in logs)).strip():
-        raise PerStepDataError(f"results/{suite}: a log differs from HEAD: commit it first")
-    blobs = _blobs(root, [f"{head}:results/{p}" for p in logs])
-    rec = SuiteRecord("tree", head, {p: sha256_bytes(b) for p, b in zip(logs, blobs, strict=True)})
+    records = {}
+    for suite in suites:  # every suite checked before the index changes
+        tracked = _git(root, "ls-files", "-z", "--", f"results/{suite}").decode().split("\0")
+        logs = sorted(p[len("results/") :] for p in tracked if p.endswith("/" + LOG_NAME))
+        if not logs:
+            raise PerStepDataError(f"results/{suite} has no tracked {LOG_NAME}")
+        if _git(root, "status", "--porcelain", "--", *(f"results/{p}" for p in logs)).strip():
+            raise PerStepDataError(f"results/{suite}: a log differs from HEAD: commit it first")
+        blobs = _blobs(root, [f"{head}:results/{p}" for p in logs])
+        records[suite] = SuiteRecord(
+            "tree", head, {p: sha256_bytes(b) for p, b in zip(logs, blobs, strict=True)}
+        )
     manifest = Manifest.load(root)
-    manifest.suites[suite] = rec
-    _git(root, "rm", "-q", "--cached", "--", *(f"results/{p}" for p in logs))
+    for suite, rec in records.items():
+        manifest.suites[suite] = rec
+        _git(root, "rm", "-q", "--cached", "--", *(f"results/{p}" for p in rec.files))
     manifest.save(root)
     _git(root, "add", MANIFEST)
-    return rec
+    return records
 
 
 def pack_bytes(root: str, logs: list[str]) -> bytes:
@@ -395,8 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             return _print_status(status(args.root, args.suites or None))
         if args.command == "untrack":
-            for suite in args.suites:
-                rec = untrack(args.root, suite)
+            for suite, rec in untrack(args.root, args.suites).items():
                 print(f"{suite}: {len(rec.files)} logs recorded at {rec.commit[:12]}, removed from the index")
             print(f"now commit them: git commit -m 'per-step logs out of the tree: {' '.join(args.suites)}'")
             return 0

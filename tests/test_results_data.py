@@ -49,7 +49,7 @@ def test_untrack_records_at_head_and_restore_writes_the_same_bytes(repo):
     log = repo / "results/area/a/r0/metrics.csv"
     before = log.read_bytes()
     head = git(repo, "rev-parse", "HEAD").strip()
-    rec = rd.untrack(str(repo), "area/a")
+    rec = rd.untrack(str(repo), ["area/a"])["area/a"]
     git(repo, "commit", "-q", "-m", "untrack")
     assert rec.commit == head and sorted(rec.files) == ["area/a/r0/metrics.csv", "area/a/r1/metrics.csv"]
     assert rec.files["area/a/r0/metrics.csv"] == hashlib.sha256(before).hexdigest()
@@ -67,7 +67,7 @@ def test_untrack_records_at_head_and_restore_writes_the_same_bytes(repo):
 
 
 def test_pack_commits_a_deterministic_pack_then_removes_it_and_restores_from_it(repo):
-    rd.untrack(str(repo), "area/b")
+    rd.untrack(str(repo), ["area/b"])
     git(repo, "commit", "-q", "-m", "untrack b")
     logs = sorted((repo / "results/area/b").glob("*/metrics.csv"))
     contents = {p: p.read_bytes() for p in logs}
@@ -87,7 +87,7 @@ def test_pack_commits_a_deterministic_pack_then_removes_it_and_restores_from_it(
 
 
 def test_a_file_with_another_checksum_is_kept_unless_forced(repo):
-    rd.untrack(str(repo), "area/a")
+    rd.untrack(str(repo), ["area/a"])
     git(repo, "commit", "-q", "-m", "untrack")
     log = repo / "results/area/a/r1/metrics.csv"
     log.write_text("edited\n")
@@ -99,7 +99,7 @@ def test_a_file_with_another_checksum_is_kept_unless_forced(repo):
 
 
 def test_a_corrupt_record_writes_nothing(repo):
-    rd.untrack(str(repo), "area/a")
+    rd.untrack(str(repo), ["area/a"])
     git(repo, "commit", "-q", "-m", "untrack")
     manifest = json.loads((repo / rd.MANIFEST).read_text())
     manifest["suites"]["area/a"]["files"]["area/a/r1/metrics.csv"] = "0" * 64
@@ -112,7 +112,7 @@ def test_a_corrupt_record_writes_nothing(repo):
 
 
 def test_a_commit_missing_from_the_clone_is_one_line(repo, capsys):
-    rd.untrack(str(repo), "area/a")
+    rd.untrack(str(repo), ["area/a"])
     git(repo, "commit", "-q", "-m", "untrack")
     manifest = json.loads((repo / rd.MANIFEST).read_text())
     manifest["suites"]["area/a"]["commit"] = "f" * 40
@@ -127,19 +127,19 @@ def test_refusals(repo):
     write(repo / "staged.txt", "x")
     git(repo, "add", "staged.txt")
     with pytest.raises(rd.PerStepDataError, match="staged changes"):
-        rd.untrack(str(repo), "area/a")
+        rd.untrack(str(repo), ["area/a"])
     git(repo, "commit", "-q", "-m", "staged")
     with pytest.raises(rd.PerStepDataError, match="no tracked metrics.csv"):
-        rd.untrack(str(repo), "area/none")
+        rd.untrack(str(repo), ["area/none"])
     (repo / "results/area/a/r0/metrics.csv").write_text("uncommitted\n")
     with pytest.raises(rd.PerStepDataError, match="differs from HEAD"):
-        rd.untrack(str(repo), "area/a")
+        rd.untrack(str(repo), ["area/a"])
     with pytest.raises(rd.PerStepDataError, match="not in results/per_step_data.json"):
         rd.restore(str(repo), ["area/none"])
 
 
 def test_open_metrics_refuses_a_recorded_log_that_is_not_restored(repo, tmp_path):
-    rd.untrack(str(repo), "area/a")
+    rd.untrack(str(repo), ["area/a"])
     git(repo, "commit", "-q", "-m", "untrack")
     run = repo / "results/area/a/r0"
     with rd.open_metrics(str(run), root=str(repo)) as f:
@@ -191,3 +191,11 @@ def test_the_tracked_tree_outside_the_remaining_logs_is_small():
     }
     rest = sum(s for p, s in sizes.items() if not p.endswith("/metrics.csv"))
     assert rest <= 20 * 2**20, f"tracked files other than per-step logs: {rest / 2**20:.1f} MiB"
+
+
+def test_untrack_takes_several_suites_in_one_index_change(repo):
+    records = rd.untrack(str(repo), ["area/a", "area/b"])
+    assert sorted(records) == ["area/a", "area/b"]
+    assert not [p for p in git(repo, "ls-files").split() if p.endswith("metrics.csv")]
+    with pytest.raises(rd.PerStepDataError, match="staged changes"):  # the removal is staged, not committed
+        rd.untrack(str(repo), ["area/a"])
