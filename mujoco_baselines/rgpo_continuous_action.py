@@ -104,6 +104,13 @@ class Args:
     max_is_weight: float = 1.0
     """truncation of the decoupled objective's importance weight (V-trace's rho-bar); > 0"""
 
+    # The learned acceptance classifier (paper Sec. 4.6; docs/design.md)
+    acceptance_classifier: bool = False
+    """multiply g(r) by alpha = sigmoid(f_phi(s, a)), detached, f_phi a 64-unit tanh MLP trained by the BCE on
+    the sign of A with its own Adam"""
+    classifier_lr: float = 3e-4
+    """the learning rate of the classifier's Adam (> 0, constant)"""
+
     # to be filled in runtime
     batch_size: tyro.conf.Suppress[int] = 0
     minibatch_size: tyro.conf.Suppress[int] = 0
@@ -213,6 +220,12 @@ class Agent(nn.Module):
         return self.actor_logstd.sum() + 0.5 * self.actor_logstd.numel() * (1.0 + math.log(2 * math.pi))
 
 
+def make_classifier(in_dim, h=64):
+    """f_phi(s, a), the acceptance classifier's logit: a tanh MLP on (s, a) shaped as CleanRL's critic"""
+    layers = [layer_init(nn.Linear(in_dim, h)), nn.Tanh(), layer_init(nn.Linear(h, h)), nn.Tanh()]
+    return nn.Sequential(*layers, layer_init(nn.Linear(h, 1), std=1.0))
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args, description=__doc__)
     args.batch_size = args.num_steps
@@ -231,6 +244,10 @@ if __name__ == "__main__":
             raise ValueError(f"policy_lag must be an integer >= 0 (0: on-policy), got {args.policy_lag}")
         if not args.max_is_weight > 0:
             raise ValueError(f"max_is_weight must be > 0, got {args.max_is_weight}")
+        if not args.classifier_lr > 0:  # the acceptance classifier's checks
+            raise ValueError(f"classifier_lr must be > 0, got {args.classifier_lr}")
+        if args.classifier_lr != Args.classifier_lr and not args.acceptance_classifier:
+            raise ValueError("classifier_lr only takes effect with --acceptance-classifier")
         gate = rgpo_trl.make_gate(args.gate, **args.gate_params)
         kl_ctl = rgpo_trl.make_kl_controller(
             args.kl_controller,
@@ -264,6 +281,9 @@ if __name__ == "__main__":
 
     agent = Agent(env.obs_dim, env.act_dim, args.hidden_size)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    classifier = make_classifier(env.obs_dim + env.act_dim) if args.acceptance_classifier else None
+    if classifier is not None:
+        classifier_optimizer = torch.optim.Adam(classifier.parameters(), lr=args.classifier_lr, eps=1e-5)
     # --policy-lag L: the actor that collects holds the policy weights of L iterations before (a ring of them)
     actor = copy.deepcopy(agent) if args.policy_lag > 0 else agent
     past_policies = deque(maxlen=args.policy_lag + 1)
@@ -339,6 +359,7 @@ if __name__ == "__main__":
         pg_losses, v_losses, old_approx_kls, approx_kls, gate_means, rejected_fracs, esss = (
             [] for _ in range(7)
         )
+        classifier_stats = []  # per mini-batch: BCE, accuracy, mean alpha, agreement with the gate
         for epoch in range(args.update_epochs):
             epoch_inds = torch.randperm(args.batch_size).split(args.minibatch_size)
             newlogprobs = []
@@ -349,6 +370,19 @@ if __name__ == "__main__":
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
+                # --acceptance-classifier: alpha = sigmoid(f_phi(s, a)) as phi stands, then phi's own BCE step
+                mb_alpha = None
+                if classifier is not None:
+                    logits = classifier(torch.cat([obs[mb_inds], actions[mb_inds]], -1)).squeeze(-1)
+                    mb_alpha = torch.sigmoid(logits.detach())
+                    classifier_loss = rgpo_trl.acceptance_bce(logits, mb_advantages)
+                    classifier_optimizer.zero_grad()
+                    classifier_loss.backward()
+                    classifier_optimizer.step()
+                    g = gate.g(rgpo_trl.clamp_log_ratio(newlogprob.detach() - b_oldlogprobs[mb_inds]))
+                    d = rgpo_trl.acceptance_diagnostics(logits.detach(), mb_advantages, g)
+                    classifier_stats.append([classifier_loss.item(), *(v.item() for v in d.values())])
+
                 # Policy loss: -mean(w g(r) A) + beta * mean(r - 1 - log r), r = pi / pi_old (the library's)
                 mb_weights = None if b_weights is None else b_weights[mb_inds]
                 pg_loss, _ = rgpo_trl.rgpo_loss(
@@ -358,6 +392,7 @@ if __name__ == "__main__":
                     gate,
                     kl_coef=beta,
                     weights=mb_weights,
+                    acceptance=mb_alpha,
                     diagnostics=False,
                 )
 
@@ -420,6 +455,12 @@ if __name__ == "__main__":
         writer.add_scalar("rgpo/rejected_frac", np.mean(rejected_fracs), global_step)
         writer.add_scalar("rgpo/ess", np.mean(esss), global_step)
         writer.add_scalar("rgpo/epochs", epoch + 1, global_step)
+        if classifier is not None:
+            bce, accuracy, alpha_mean, agreement = np.nanmean(classifier_stats, axis=0)
+            writer.add_scalar("losses/classifier_loss", bce, global_step)
+            writer.add_scalar("classifier/accuracy", accuracy, global_step)
+            writer.add_scalar("classifier/alpha_mean", alpha_mean, global_step)
+            writer.add_scalar("classifier/agreement_with_gate", agreement, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         print(
             f"iteration={iteration} global_step={global_step} approx_kl={approx_kl:.4f} beta={beta} SPS={sps}"

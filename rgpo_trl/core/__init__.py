@@ -4,6 +4,7 @@ Imports nothing from the trainer, the RLHF recipe or gymnasium, so the TRL train
 run the same loss code.
 """
 
+from .acceptance import GATE_REJECT_BELOW, acceptance_bce, acceptance_diagnostics
 from .corrections import (
     CORRECTIONS,
     Correction,
@@ -51,6 +52,9 @@ from .objective import (
 )
 
 __all__ = [
+    "GATE_REJECT_BELOW",
+    "acceptance_bce",
+    "acceptance_diagnostics",
     "CORRECTIONS",
     "Correction",
     "CorrectionTerms",

@@ -142,6 +142,7 @@ def rgpo_loss(
     mask: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    acceptance: torch.Tensor | None = None,
     diagnostics: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """RGPO loss (to minimise) and, with ``diagnostics``, `rgpo_diagnostics` of the same inputs (from the
@@ -162,12 +163,18 @@ def rgpo_loss(
         weights: per-element weights of the gated advantage term only, broadcast against ``logps``: the
             decoupled objective for stale samples gates on pi / pi_prox and weights by the truncated
             pi_prox / pi_behaviour (Hilton et al., 2021). ``None``: no weighting.
+        acceptance: the learned acceptance classifier's alpha = sigmoid(f_phi(s, a)) in [0, 1] per element
+            (`acceptance_bce` trains it), multiplying g(r) in the gated advantage term, detached: the policy
+            gradient is the w(r)-weighted one scaled by alpha, and no gradient reaches the classifier.
+            ``None``: no classifier (the loss as without the argument).
         diagnostics: False returns an empty dict; callers that reduce them in bulk use `rgpo_diagnostics`.
     """
     if ref_kl_coef and ref_logps is None:
         raise ValueError("ref_kl_coef > 0 needs ref_logps (the reference model's log-probs)")
     terms = rgpo_terms(logps, old_logps, advantages, gate, ref_logps=ref_logps, ratio_mode=ratio_mode)
     policy = terms.policy if weights is None else weights.detach() * terms.policy
+    if acceptance is not None:
+        policy = acceptance.detach() * policy
     per_element = policy + kl_coef * terms.kl_old
     if ref_kl_coef:
         per_element = per_element + ref_kl_coef * terms.kl_ref
