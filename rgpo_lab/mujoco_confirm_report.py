@@ -37,6 +37,7 @@ from rgpo_lab.statistics import (
     optimality_gap,
     probability_of_improvement,
     ratio_difference_test,
+    standardised_difference,
     verdict,
     welch,
 )
@@ -541,6 +542,91 @@ def retention(data, n_boot: int) -> dict:
     return out
 
 
+SENSITIVITY_DATE = "2026-11-28"  # when the sensitivity section was added: after the final reading (issue 55)
+
+
+def trimmed_by_env(data, norm: Normaliser, arm: str) -> dict:
+    """Which environments' runs the pooled IQM of ``arm`` trims (scipy's trim_mean: int(0.25 n) runs from
+    each end of the pooled, sorted scores): {"low": {env: k}, "high": {env: k}}."""
+    scores = np.concatenate([norm(e, returns(data, arm, e)) for e in CONFIRM_ENVS])
+    envs = np.concatenate([[e] * len(returns(data, arm, e)) for e in CONFIRM_ENVS])
+    k = int(0.25 * len(scores))
+    order = np.argsort(scores, kind="stable")
+    ends = {"low": order[:k], "high": order[len(order) - k :] if k else order[:0]}
+    return {end: {e: int((envs[idx] == e).sum()) for e in CONFIRM_ENVS} for end, idx in ends.items()}
+
+
+def sensitivity(data, norm: Normaliser, n_boot: int) -> dict:
+    """Added after the final reading (issue 55), never decisive: each environment's normalising range; which
+    environments the pooled IQM of family A's arms trims; per comparison, test (1) without the environment
+    of the narrowest range, and the environments weighted equally (the mean of each one's standardised
+    difference, `standardised_difference`). Bootstrap p uncorrected, floored at 1 / n_boot as test (1)'s."""
+    ranges = {e: norm.high(e) - norm.low(e) for e in CONFIRM_ENVS}
+    narrowest = min(ranges, key=ranges.get)
+    others = [e for e in CONFIRM_ENVS if e != narrowest]
+    rows = []
+    for _, _, a, b in COMPARISONS:
+        without = aggregate_difference(
+            [norm(e, returns(data, a, e)) for e in others],
+            [norm(e, returns(data, b, e)) for e in others],
+            n_boot=n_boot,
+        )
+        equal = standardised_difference(
+            [returns(data, a, e) for e in CONFIRM_ENVS], [returns(data, b, e) for e in CONFIRM_ENVS], n_boot
+        )
+        rows.append(
+            {
+                "without": without._replace(p=max(without.p, 1.0 / n_boot))._asdict(),
+                "equal_weights": equal._replace(p=max(equal.p, 1.0 / n_boot))._asdict(),
+            }
+        )
+    return {
+        "added": SENSITIVITY_DATE,
+        "ranges": ranges,
+        "without_env": narrowest,
+        "trimmed": {arm: trimmed_by_env(data, norm, arm) for arm in ("rgpo_dec", "ppo_dec")},
+        "comparisons": rows,
+    }
+
+
+def sensitivity_lines(sens: dict, comparisons) -> list[str]:
+    """The sensitivity section of report.md, labelled as added after the final reading."""
+    ranges, gone = sens["ranges"], sens["without_env"]
+    others = [e for e in CONFIRM_ENVS if e != gone]
+    factors = " / ".join(f"{ranges[e] / ranges[gone]:.1f}x" for e in others)
+    trims = "; ".join(
+        f"{LABELS[arm]}: lowest {', '.join(f'{e} {k}' for e, k in t['low'].items() if k)}, highest "
+        f"{', '.join(f'{e} {k}' for e, k in t['high'].items() if k)}"
+        for arm, t in sens["trimmed"].items()
+    )
+    lines = [
+        f"## Sensitivity (added {sens['added']}, after the final reading; not in RULES.md, decides nothing)",
+        "",
+        _para(f"""Added after an independent audit (issue 55), once the report above was final; these lines
+        change no verdict above. Normalising ranges (R_high - R_low, return units):
+        {", ".join(f"{e} {ranges[e]:.1f}" for e in CONFIRM_ENVS)}, so one return unit of {gone} moves a
+        normalised score {factors} as much as one of {" / ".join(others)}. The pooled IQM trims the pooled
+        runs, not each environment's; the runs it trims, by environment: {trims}. Without {gone}: test (1)
+        on the other environments (the same bootstrap). Environments weighted equally: the mean over the three
+        environments of each one's standardised difference (mean a - mean b over the pooled seed standard
+        deviation sqrt((var a + var b) / 2), raw returns), with the stratified bootstrap. p: two-sided
+        bootstrap, not corrected."""),
+        "",
+        f"| question | a vs b | rule: IQM diff [95%], Holm p | without {gone}: IQM diff [95%], p | "
+        "environments weighted equally: mean standardised diff [95%], p | " + " / ".join(CONFIRM_ENVS) + " |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (_, name, a, b), c, row in zip(COMPARISONS, comparisons, sens["comparisons"], strict=True):
+        agg, w, eq = c["aggregate"], row["without"], row["equal_weights"]
+        lines.append(
+            f"| {name} | {LABELS[a]} vs {LABELS[b]} | {_f(agg['diff'], 2)} [{_f(agg['low'], 2)}, "
+            f"{_f(agg['high'], 2)}], {_p(agg['p_holm'])} | {_f(w['diff'], 2)} [{_f(w['low'], 2)}, "
+            f"{_f(w['high'], 2)}], {_p(w['p'])} | {_f(eq['diff'], 2)} [{_f(eq['low'], 2)}, "
+            f"{_f(eq['high'], 2)}], {_p(eq['p'])} | " + " / ".join(_f(x, 2) for x in eq["per_env"]) + " |"
+        )
+    return [*lines, ""]
+
+
 # A run's largest ratio at this value is the log-ratio clamp (r = exp(20) in float32), not a measurement
 RATIO_AT_CLAMP = float(np.float32(np.exp(LOG_RATIO_CLAMP))) * (1 - 1e-6)
 
@@ -739,7 +825,9 @@ def decoupling_words(comparisons) -> str:
     )
 
 
-def report_md(suite: Suite, tables, comparisons, ret, gates, poi, prov, n_boot: int) -> str:
+def report_md(
+    suite: Suite, tables, comparisons, ret, gates, poi, prov, n_boot: int, sens: dict | None = None
+) -> str:
     status, prefix = status_of(suite.missing, prov)
     interim = "interim: " if status != "final" else ""
     lines = [
@@ -962,6 +1050,8 @@ def report_md(suite: Suite, tables, comparisons, ret, gates, poi, prov, n_boot: 
         "![curves](curves.png)",
         "",
     ]
+    if sens is not None:
+        lines += sensitivity_lines(sens, comparisons)
     return "\n".join(lines) + "\n"
 
 
@@ -1022,7 +1112,8 @@ def build(results: str = RESULTS, out: str = OUT, n_boot: int = 10_000, plots: b
     poi = improvement(data, n_boot)
     prov = provenance(suite.commits)
     status, prefix = status_of(suite.missing, prov)
-    md = report_md(suite, tables, comparisons, ret, gates, poi, prov, n_boot)
+    sens = sensitivity(data, norm, n_boot)
+    md = report_md(suite, tables, comparisons, ret, gates, poi, prov, n_boot, sens)
     os.makedirs(out, exist_ok=True)
     if plots:
         curves(data, out)
@@ -1043,6 +1134,7 @@ def build(results: str = RESULTS, out: str = OUT, n_boot: int = 10_000, plots: b
         "decoupling": prefix + decoupling_words(comparisons),
         "probability_of_improvement": poi,
         "provenance": prov,
+        "sensitivity": sens,
     }
     with open(os.path.join(out, "studies.json"), "w") as f:
         json.dump(plain(studies), f, indent=1, allow_nan=False)

@@ -22,7 +22,7 @@ import numpy as np
 from rgpo_lab import rlhf_mismatch as mm
 from rgpo_lab.json_values import plain
 from rgpo_lab.results_data import open_metrics
-from rgpo_lab.statistics import holm, mean_std, verdict, welch
+from rgpo_lab.statistics import holm, mean_std, smallest_detectable_difference, verdict, welch
 
 RESULTS = os.path.join(mm.ROOT, "results", "rlhf")
 OUT = os.path.join(mm.OUT, "report")
@@ -90,7 +90,27 @@ def read_run(d: str) -> dict | None:
         "kl_ref": _number(heldout.get("kl_ref")),
         "window": window,
         "curves": curves,
+        "resumed_from": resumed_from(d),
     }
+
+
+def resumed_from(d: str) -> list[str]:
+    """The checkpoints a run was resumed from: run_info.json has one entry per launch, and the suite runner
+    resumes a launch with --resume_from_checkpoint (empty for a run launched once, or without run_info)."""
+    path = os.path.join(d, "run_info.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        launches = json.load(f)
+    out = []
+    for launch in launches if isinstance(launches, list) else [launches]:
+        command = launch.get("command", [])
+        out += [
+            os.path.basename(command[i + 1])
+            for i, arg in enumerate(command[:-1])
+            if arg == "--resume_from_checkpoint"
+        ]
+    return out
 
 
 LAG_SUITE_CELLS = ("lag8", "lag32")  # v3/mismatch_lag's cells; the others are v3/mismatch's
@@ -342,7 +362,7 @@ def _cell_note(cell: str, hurt: dict, complete: bool) -> str:
     return f"whether ignore is hurt is not tested yet ({n}; fewer than 2 finished runs a side)"
 
 
-def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str:
+def report_md(data, missing, failed, tests, hurt, changes, diverged_runs, sens: dict | None = None) -> str:
     total = len(missing) + sum(len(v) for c in data.values() for v in c.values())
     status = "final" if not missing else f"INTERIM: {total - len(missing)} of {total} runs finished"
     complete = not missing
@@ -453,6 +473,8 @@ def report_md(data, missing, failed, tests, hurt, changes, diverged_runs) -> str
     if missing:
         lines += ["", f"## Not finished ({len(missing)}; every name in studies.json)", ""]
         lines += _missing_summary(missing)
+    if sens is not None:
+        lines += ["", *sensitivity_lines(sens, tests)[:-1]]
     return "\n".join(lines) + "\n"
 
 
@@ -492,6 +514,110 @@ def _vs_best_peer_lines(tests, hurt) -> list[str]:
             f"| {cell}{note} | {peer} | " + " | ".join(entries) + f" | {'; '.join(said) or 'none'} |"
         )
     return [*lines, ""]
+
+
+SENSITIVITY_DATE = "2026-11-28"  # when the sensitivity section was added: after the final reading (issue 55)
+POWER = 0.8  # of the smallest detectable differences
+
+
+def sensitivity(data, tests) -> dict:
+    """Added after the final reading (issue 55), never decisive: every gate arm's rejected share; the
+    smallest gold difference each test could detect (`smallest_detectable_difference` at POWER, two-sided,
+    at alpha 0.05 / m, m the size of its Holm family) for each arm's change from fp32 and for every arm
+    against the cell's best peer; the runs resumed from a checkpoint."""
+    changes = {}
+    for cells in families(data):
+        for arm in mm.ARMS:
+            for c in cells:
+                changes.setdefault(arm, {})[c] = smallest_detectable_difference(
+                    _values(data, c, arm), _values(data, CONTROL, arm), 0.05 / len(cells), POWER
+                )
+    vs_peer = {}
+    for cell, t in tests.items():
+        peer = t["best_peer"]
+        if peer is None:
+            continue
+        others = [a for a in mm.ARMS if a != peer]
+        vs_peer[cell] = {
+            a: smallest_detectable_difference(
+                _values(data, cell, a), _values(data, cell, peer), 0.05 / len(others), POWER
+            )
+            for a in others
+        }
+    gate_arms = [a for a in mm.ARMS if a.startswith("rgpo")]
+    return {
+        "added": SENSITIVITY_DATE,
+        "power": POWER,
+        "rejected": {
+            cell: {a: _window_values(data[cell].get(a, []), "rejected_frac") for a in gate_arms}
+            for cell in data
+        },
+        "detectable_change_from_control": changes,
+        "detectable_vs_best_peer": vs_peer,
+        "resumed": {
+            f"{arm} {cell} s{r['seed']}": r["resumed_from"]
+            for cell, arms in data.items()
+            for arm, runs in arms.items()
+            for r in runs
+            if r.get("resumed_from")
+        },
+    }
+
+
+def sensitivity_lines(sens: dict, tests) -> list[str]:
+    """The sensitivity section of report.md, labelled as added after the final reading."""
+    gate_arms = list(next(iter(sens["rejected"].values()), {}))
+    lines = [
+        f"## Sensitivity (added {sens['added']}, after the final reading; not in RULES.md, decides nothing)",
+        "",
+        "Added after an independent audit (issue 55), once the report above was final; these lines change no "
+        "verdict above.",
+        "",
+        "Rejected share of every gate arm (tokens with g(r) < 0.1 at the step's forward, window means over "
+        "steps 305-400: mean ± std (n)); the table above gives rgpo's alone:",
+        "",
+        "| cell | " + " | ".join(gate_arms) + " |",
+        "|---|" + "---|" * len(gate_arms),
+    ]
+    for cell, per_arm in sens["rejected"].items():
+        cells = []
+        for a in gate_arms:
+            m = mean_std(per_arm[a])
+            cells.append("-" if not m.n else f"{_f(m.mean)} ± {_f(m.std)} ({m.n})")
+        lines.append(f"| {cell} | " + " | ".join(cells) + " |")
+    power = f"{sens['power']:.0%}"
+    lines += [
+        "",
+        f"Smallest detectable gold difference: the smallest true difference a test detects with {power} "
+        "power (two-sided Welch at 0.05 / m, m its Holm family's size, the first Holm step; the noncentral t "
+        "with Welch's degrees of freedom, the observed standard deviations and n taken as true). A "
+        '"no significant difference" rules out only differences well above it.',
+        "",
+        "Each arm's change of gold from the fp32 cell (m = the suite's cells):",
+        "",
+    ]
+    change = sens["detectable_change_from_control"]
+    cells = list(next(iter(change.values()), {}))
+    lines += ["| arm | " + " | ".join(cells) + " |", "|---|" + "---|" * len(cells)]
+    for arm, per in change.items():
+        lines.append(f"| {arm} | " + " | ".join(_f(per[c]) for c in cells) + " |")
+    lines += ["", "Every arm against the cell's best peer (m = 7):", ""]
+    arms = list(mm.ARMS)
+    lines += ["| cell | best peer | " + " | ".join(arms) + " |", "|---|---|" + "---|" * len(arms)]
+    for cell, per in sens["detectable_vs_best_peer"].items():
+        peer = tests[cell]["best_peer"]
+        entries = ["(best peer)" if a == peer else _f(per[a]) for a in arms]
+        lines.append(f"| {cell} | {peer} | " + " | ".join(entries) + " |")
+    resumed = sens["resumed"]
+    lines += [
+        "",
+        f"Runs resumed from a checkpoint after an interruption ({len(resumed)}; run_info.json lists each "
+        "launch): "
+        + ("; ".join(f"{name} (from {', '.join(cps)})" for name, cps in resumed.items()) or "none")
+        + ".",
+        "",
+    ]
+    return lines
 
 
 def _window_spread(runs, key) -> str:
@@ -574,7 +700,8 @@ def build(results: str = RESULTS, out: str = OUT) -> str:
     data, missing, failed = load(results)
     tests = {cell: cell_tests(data, cell) for cell in data}
     hurt, changes, diverged_runs = hurt_by_cell(data), change_from_control(data), diverged(data)
-    md = report_md(data, missing, failed, tests, hurt, changes, diverged_runs)
+    sens = sensitivity(data, tests)
+    md = report_md(data, missing, failed, tests, hurt, changes, diverged_runs, sens)
     os.makedirs(out, exist_ok=True)
     figures(data, out)
     with open(os.path.join(out, "report.md"), "w") as f:
@@ -590,6 +717,7 @@ def build(results: str = RESULTS, out: str = OUT) -> str:
             "cells": tests,
             "hurt": hurt,
             "changes": changes,
+            "sensitivity": sens,
         }
         json.dump(plain(summary), f, indent=1, allow_nan=False)
     return md

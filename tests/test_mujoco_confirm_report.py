@@ -414,3 +414,46 @@ def test_a_largest_ratio_at_the_log_ratio_clamp_is_counted_and_explained(tmp_pat
     md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
     assert f"| {rep._f(clamp, 2)} (1; 1 at clamp) |" in md
     assert '"k at clamp": in k of the runs the largest ratio is exp(20)' in md
+
+
+def test_sensitivity_section_is_labelled_and_recomputes_from_the_baselines(tmp_path):
+    """Added after the final reading (issue 55): the normalising ranges from baselines.json by hand, the
+    environment of the narrowest range left out of test (1), each environment's standardised difference by
+    hand, the pooled IQM's trimmed runs by environment; the section comes last and says it decides nothing."""
+    from rgpo_lab.statistics import aggregate_difference
+
+    _write_suite(str(tmp_path))
+    md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=300, plots=False)
+    sens = json.loads((tmp_path / "out" / "studies.json").read_text())["sensitivity"]
+    with open(os.path.join(ROOT, "results", "mujoco", "normalisation", "baselines.json")) as f:
+        table = json.load(f)["environments"]
+    low = {e: max(table[e]["random"]["mean"], table[e]["zero"]["mean"]) for e in rep.CONFIRM_ENVS}
+    ranges = {e: table[e]["reference"]["mean"] - low[e] for e in rep.CONFIRM_ENVS}
+    assert sens["ranges"] == pytest.approx(ranges)
+    gone = min(ranges, key=ranges.get)
+    assert sens["without_env"] == gone
+    data = rep.load(str(tmp_path)).data
+    others = [e for e in rep.CONFIRM_ENVS if e != gone]
+
+    def scores(arm, e):
+        return (rep.returns(data, arm, e) - low[e]) / ranges[e]
+
+    (i,) = [k for k, c in enumerate(rep.COMPARISONS) if c[1] == "more robust"]
+    without = aggregate_difference(
+        [scores("rgpo_dec", e) for e in others], [scores("ppo_dec", e) for e in others]
+    )
+    row = sens["comparisons"][i]
+    assert row["without"]["diff"] == pytest.approx(without.diff)
+    d = []
+    for e in rep.CONFIRM_ENVS:
+        x, y = rep.returns(data, "rgpo_dec", e), rep.returns(data, "ppo_dec", e)
+        d.append((x.mean() - y.mean()) / np.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2))
+    assert row["equal_weights"]["per_env"] == pytest.approx(d)
+    assert row["equal_weights"]["diff"] == pytest.approx(np.mean(d))
+    pooled = sorted((s, e) for e in rep.CONFIRM_ENVS for s in scores("ppo_dec", e))
+    k = len(pooled) // 4
+    for end, part in (("low", pooled[:k]), ("high", pooled[-k:])):
+        assert sens["trimmed"]["ppo_dec"][end] == {e: sum(x[1] == e for x in part) for e in rep.CONFIRM_ENVS}
+    assert md.index("## Secondary: training curves") < md.index("## Sensitivity (added ")
+    assert "after the final reading; not in RULES.md, decides nothing" in md
+    assert f"| without {gone}: IQM diff [95%], p |" in md

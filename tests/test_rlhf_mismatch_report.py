@@ -180,3 +180,34 @@ def test_every_arm_against_the_best_peer_is_holm_over_the_other_arms(tmp_path, m
     assert rows["rgpo_gate"]["verdict"] == "no significant difference"
     line = next(x for x in md.splitlines() if x.startswith("| sigma1.0 (cell does not rank) | tis |"))
     assert "(best peer)" in line and "tis higher than rgpo" in line and "rgpo_gate" not in line.split("|")[-2]
+
+
+def test_sensitivity_section_gate_shares_detectable_differences_and_resumed_runs(tmp_path, monkeypatch):
+    """Added after the final reading (issue 55): every gate arm's rejected share, the smallest detectable
+    difference of each test at alpha 0.05 / m of its Holm family (statistics' function, checked there by
+    simulation), and a run whose run_info.json lists a resumed launch, named with its checkpoint."""
+    from rgpo_lab.statistics import smallest_detectable_difference
+
+    results = _study(tmp_path, monkeypatch, {("tis", "sigma1.0"): 2.6})
+    run = tmp_path / "rlhf" / "v3" / "mismatch" / "tis__tis__int8__s3"
+    launch = {"command": ["python", "recipes/hh_rlhf_qwen.py", "--seed", "3"], "git_commit": "abc"}
+    resumed = {**launch, "command": [*launch["command"], "--resume_from_checkpoint", f"{run}/checkpoint-200"]}
+    (run / "run_info.json").write_text(json.dumps([launch, resumed]))
+    md = rep.build(results, str(tmp_path / "out"))
+    sens = json.loads((tmp_path / "out" / "studies.json").read_text())["sensitivity"]
+    data, _, _ = rep.load(results)
+    assert sens["rejected"]["fp32"]["rgpo_gate"] == pytest.approx([0.1] * 5)  # window steps 305-400 only
+    assert set(sens["rejected"]["fp32"]) == {"rgpo", "rgpo_gate", "rgpo_dual"}
+    family = next(f for f in rep.families(data) if "int8" in f)
+    expected = smallest_detectable_difference(
+        rep._values(data, "int8", "ignore"), rep._values(data, "fp32", "ignore"), 0.05 / len(family), 0.8
+    )
+    assert sens["detectable_change_from_control"]["ignore"]["int8"] == pytest.approx(expected)
+    expected = smallest_detectable_difference(
+        rep._values(data, "sigma1.0", "rgpo_gate"), rep._values(data, "sigma1.0", "tis"), 0.05 / 7, 0.8
+    )
+    assert sens["detectable_vs_best_peer"]["sigma1.0"]["rgpo_gate"] == pytest.approx(expected)
+    assert sens["resumed"] == {"tis int8 s3": ["checkpoint-200"]}
+    assert "(1; run_info.json lists each launch): tis int8 s3 (from checkpoint-200)." in md
+    assert md.index("## Each arm's change of gold") < md.index("## Sensitivity (added ")
+    assert "after the final reading; not in RULES.md, decides nothing" in md

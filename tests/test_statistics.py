@@ -18,6 +18,8 @@ from rgpo_lab.statistics import (
     performance_profile,
     probability_of_improvement,
     ratio_difference_test,
+    smallest_detectable_difference,
+    standardised_difference,
     stratified_bootstrap_ci,
     verdict,
     welch,
@@ -145,3 +147,55 @@ def test_aggregate_difference_pools_environments_and_resamples_within_each():
     shifted = aggregate_difference([x + 0.3 for x in a], a, statistic=np.mean, n_boot=200)
     assert shifted.diff == pytest.approx(0.3) and shifted.p < 0.05
     assert np.isnan(aggregate_difference([a[0][:1]], [b[0]]).p)  # fewer than 2 runs: not tested
+
+
+def _with_sd(sd: float, n: int = 5, shift: float = 0.0) -> np.ndarray:
+    """n values with sample standard deviation exactly ``sd``."""
+    x = np.arange(n, dtype=float)
+    return shift + sd * (x - x.mean()) / x.std(ddof=1)
+
+
+def test_smallest_detectable_difference_has_the_asked_power_by_simulation():
+    """Equal spreads: Welch's df is Student's 2n - 2, so Student's t-test simulated at the returned
+    difference rejects at the asked rate (an exact reference); unequal spreads: near the textbook
+    (t_{1-alpha/2} + t_{power}) SE, and simulated Welch tests reject at about the asked rate."""
+    rng = np.random.default_rng(1)
+    alpha = 0.05 / 6
+    delta = smallest_detectable_difference(_with_sd(1.0), _with_sd(1.0), alpha, 0.8)
+    a = rng.normal(delta, 1.0, size=(40_000, 5))
+    b = rng.normal(0.0, 1.0, size=(40_000, 5))
+    rejected = stats.ttest_ind(a, b, axis=1).pvalue <= alpha
+    assert rejected.mean() == pytest.approx(0.8, abs=0.01)
+    assert smallest_detectable_difference(_with_sd(2.0), _with_sd(2.0), alpha) == pytest.approx(2 * delta)
+    sa, sb = 0.2, 0.36
+    delta = smallest_detectable_difference(_with_sd(sa), _with_sd(sb), 0.05, 0.9)
+    se = math.sqrt((sa**2 + sb**2) / 5)
+    df = (sa**2 / 5 + sb**2 / 5) ** 2 / ((sa**2 / 5) ** 2 / 4 + (sb**2 / 5) ** 2 / 4)
+    assert delta == pytest.approx((stats.t.ppf(0.975, df) + stats.t.ppf(0.9, df)) * se, rel=0.03)
+    a = rng.normal(delta, sa, size=(40_000, 5))
+    b = rng.normal(0.0, sb, size=(40_000, 5))
+    assert (stats.ttest_ind(a, b, axis=1, equal_var=False).pvalue <= 0.05).mean() == pytest.approx(
+        0.9, abs=0.03
+    )
+    assert math.isnan(smallest_detectable_difference([1.0], [1.0, 2.0]))
+    assert math.isnan(smallest_detectable_difference([1.0, 1.0], [2.0, 2.0]))
+
+
+def test_standardised_difference_weights_environments_equally_whatever_their_scale():
+    """Each environment's (mean a - mean b) / sqrt((var a + var b) / 2) by hand, their mean; rescaling one
+    environment's returns (its normalising range) changes nothing, unlike the pooled IQM."""
+    a = [np.array([1.0, 2.0, 3.0]), np.array([10.0, 14.0, 12.0, 16.0])]
+    b = [np.array([0.0, 1.0, 1.0]), np.array([9.0, 11.0, 10.0])]
+    by_hand = [
+        (x.mean() - y.mean()) / math.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2)
+        for x, y in zip(a, b, strict=True)
+    ]
+    res = standardised_difference(a, b, n_boot=400)
+    assert res.per_env == pytest.approx(by_hand) and res.diff == pytest.approx(np.mean(by_hand))
+    assert res.low <= res.diff <= res.high and res.p < 0.05  # every environment far apart
+    scaled = standardised_difference([a[0] * 50, a[1]], [b[0] * 50, b[1]], n_boot=400)
+    assert scaled.per_env == pytest.approx(res.per_env)
+    assert scaled[1:] == pytest.approx(res[1:])
+    same = standardised_difference(a, a, n_boot=200)
+    assert same.diff == 0 and same.p == 1.0
+    assert math.isnan(standardised_difference([[1.0]], [[1.0, 2.0]]).diff)
