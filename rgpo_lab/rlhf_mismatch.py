@@ -111,6 +111,10 @@ The lag suite (fp32 sampler, the control shared with the mismatch suite): lag 8 
 = lag), the same arms and tests.
 Decoupled PPO is not an arm: with one optimizer step per sample its proximal policy is the current one and it
 reduces to tis with C = 1."""
+# Erratum (dated, in results/rlhf/v3/mismatch/RULES.md): the rule's last sentence is wrong and stays as it was
+# committed before the runs. With one optimizer step per sample decoupled PPO reduces to plain importance
+# weighting by pi / pi_sampler (uncapped, or masked above a cap as AReaL does), not to tis with C = 1, which
+# truncates every weight above 1. No arm, test or verdict used the sentence.
 
 
 # ---------------------------------------------------------------------------------------------- calibration

@@ -17,8 +17,10 @@ weight each puts on a token as a function of r:
   ratio mode and KL controller are the trainer's RGPO settings.
 
 With one optimizer step per sample (TRL's async trainer) the proximal policy of decoupled PPO is the current
-one, so decoupled PPO is ``tis`` with C = 1 and is not a separate entry. At r = 1 every weight is 1 except
-RGPO's, g'(1) (k / 4 for the sigmoid gate): plain policy gradient up to a constant.
+one, so decoupled PPO reduces to plain importance weighting by r (uncapped, or with tokens masked above a cap
+as AReaL does), not to ``tis`` with C = 1, which truncates every weight above 1; it is not an entry here. At
+r = 1 every weight is 1 except RGPO's, g'(1) (k / 4 for the sigmoid gate): plain policy gradient up to a
+constant.
 """
 
 from __future__ import annotations
