@@ -115,7 +115,7 @@ def test_tokens_are_the_batch_times_the_forced_length(tiny_run):
         )
         assert 0 < float(r["generation_share"]) < 1
         assert float(r["tokens_per_s"]) == pytest.approx(batch * TINY_LENGTH / gen)
-        assert r["peak_memory_gib"] == ""  # null on CPU
+        assert r["peak_memory_gib"] == r["memory_at_start_gib"] == ""  # null on CPU
 
 
 def test_outputs_name_the_machine_versions_and_command(tiny_run):
@@ -126,29 +126,31 @@ def test_outputs_name_the_machine_versions_and_command(tiny_run):
 
 
 def test_budget_stop_records_what_did_not_fit(tmp_path, monkeypatch):
-    """Fake runs of 10 s on a fake clock, a 30 s budget: three runs fit (the third exactly), everything after
-    the first that does not is recorded as not run, and the outputs were on disk while each run went."""
+    """Fake runs of 3 s on a fake clock, a 26 s budget: the eight runs of full_1.5b fit (5 s left before the
+    last); the first LoRA run is estimated from the longest run so far (3 s > the 2 s left), so it and
+    everything after it are recorded as not run; the outputs were on disk while each run went."""
     clock = {"t": 0.0}
     seen = []
 
     def fake_run(case, setup, model_dir):
-        on_disk = [r["status"] for r in read_rows(tmp_path)]
-        seen.append(on_disk)
-        clock["t"] += 10.0
+        seen.append([r["status"] for r in read_rows(tmp_path)])
+        clock["t"] += 3.0
         return {"step_time_s": 1.0, "generation_s": 0.5}
 
     monkeypatch.setattr(gpu_step, "now", lambda: clock["t"])
     monkeypatch.setattr(gpu_step, "run_case", fake_run)
+    budget = str(26 / 60)
     code = gpu_step.main(
-        ["--tiny", "--blocks", "full_1.5b", "lora_7b", "--budget-minutes", "0.5", "--out", str(tmp_path)]
+        ["--tiny", "--blocks", "full_1.5b", "lora_7b", "--budget-minutes", budget, "--out", str(tmp_path)]
     )
     rows = read_rows(tmp_path)
     assert code == 3
-    assert [r["status"] for r in rows] == ["ok"] * 3 + ["not_run_budget"] * 9
-    assert rows[3]["error"] == "0 s left of the budget"
+    assert [r["status"] for r in rows] == ["ok"] * 8 + ["not_run_budget"] * 4
+    assert rows[8]["error"] == "2 s left of the budget" and rows[8]["block"] == "lora_7b"
     assert seen[1] == ["ok", "running"] + ["pending"] * 10  # a killed run would leave these on disk
     report = json.loads((tmp_path / "gpu_step.json").read_text())
     assert report["status"] == "budget"
+    assert report["summary"]["full_1.5b"]["ratios"]["rgpo/ppo"]["step_time_s"]["median"] == 1.0
     assert report["summary"]["lora_7b"]["ratios"]["rgpo/grpo_ref"]["step_time_s"]["median"] is None
     assert "lora_7b round 1 rgpo: not_run_budget" in (tmp_path / "gpu_step.md").read_text()
 

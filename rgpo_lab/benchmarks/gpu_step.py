@@ -26,7 +26,7 @@ counted from the completion masks. A ratio A/B is the median over rounds of A's 
 same round (rounds where both ran). Peak memory: ``torch.cuda.max_memory_allocated`` over a run (null on CPU).
 
 A budget (``--budget-minutes``) stops the benchmark cleanly: a run starts only when the time left covers the
-longest run of that case so far (of its block, for a case's first run); what does not fit is recorded as
+longest run of that case so far (else of its block, else of any); what does not fit is recorded as
 ``not_run_budget`` with everything after it, exit code 3. A case that raises is recorded as ``failed`` with
 its error and the benchmark goes on (exit code 1). The CSV, JSON and Markdown are rewritten after every run,
 so a run killed from outside leaves its finished rows (the rest ``pending``).
@@ -157,6 +157,7 @@ FIELDS = [
     "tokens_per_s",
     "peak_memory_gib",
     "peak_reserved_gib",
+    "memory_at_start_gib",
     "wall_s",
 ]
 
@@ -324,6 +325,7 @@ def run_case(case: Case, setup: Setup, model_dir: str) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    at_start = torch.cuda.memory_allocated() / 2**30 if cuda else None  # > 0: an earlier run's leftovers
     with tempfile.TemporaryDirectory() as out:
         trainer = build_trainer(case, setup, model_dir, out)
         trainer.remove_callback(PrinterCallback)
@@ -374,6 +376,7 @@ def run_case(case: Case, setup: Setup, model_dir: str) -> dict:
         "tokens_per_s": sum(tokens) / sum(gens),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
+        "memory_at_start_gib": at_start,
     }
 
 
@@ -400,10 +403,11 @@ def schedule(blocks: list[str], rounds: int) -> list[dict]:
 
 
 def estimate_s(rows: list[dict], row: dict) -> float:
-    """The longest earlier run of this case (of its block for a case's first run; 0 for a block's first)."""
-    done = [r for r in rows if r["block"] == row["block"] and r["wall_s"] is not None]
-    same = [r["wall_s"] for r in done if r["case"] == row["case"]]
-    return max(same or [r["wall_s"] for r in done] or [0.0])
+    """The longest earlier run of this case, else of its block, else of any block (0 for the first run)."""
+    done = [r for r in rows if r["wall_s"] is not None]
+    same_case = [r for r in done if (r["block"], r["case"]) == (row["block"], row["case"])]
+    same_block = [r for r in done if r["block"] == row["block"]]
+    return max(r["wall_s"] for r in same_case or same_block or done or [{"wall_s": 0.0}])
 
 
 def run_all(rows: list[dict], setup: Setup, budget_s: float, model_dirs: dict, write) -> None:
