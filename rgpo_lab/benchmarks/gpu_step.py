@@ -279,7 +279,7 @@ def trainer_args(case: Case, setup: Setup, output_dir: str, use_cpu: bool) -> di
         args["transformers_continuous_batching_config"] = dict(setup.continuous_batching_config)
     if case.method in ("grpo_ref", "grpo_noref"):
         args["loss_type"] = "grpo"
-    if case.method == "ppo" and not setup.tiny:
+    if case.method == "ppo" and setup.bf16:
         args["model_init_kwargs"] = {"dtype": "bfloat16"}  # the value model, loaded from the saved policy
     return args
 
