@@ -137,29 +137,11 @@ RATIOS = {
     "lora_7b": [("rgpo", "grpo_ref")],
     "generation_1.5b": [("continuous_batching", "generate"), ("static_cache", "generate")],
 }
-FIELDS = [
-    "block",
-    "round",
-    "position",
-    "case",
-    "arch",
-    "method",
-    "lora",
-    "generation",
-    "status",
-    "error",
-    "steps_measured",
-    "step_time_s",
-    "generation_s",
-    "generation_share",
-    "prompt_tokens_per_generation",
-    "completion_tokens_per_generation",
-    "tokens_per_s",
-    "peak_memory_gib",
-    "peak_reserved_gib",
-    "memory_at_start_gib",
-    "wall_s",
-]
+FIELDS = (  # one CSV row per run
+    "block round position case arch method lora generation status error steps_measured step_time_s "
+    "generation_s generation_share prompt_tokens_per_generation completion_tokens_per_generation "
+    "tokens_per_s peak_memory_gib peak_reserved_gib memory_at_start_gib wall_s"
+).split()
 
 
 @dataclass(frozen=True)
