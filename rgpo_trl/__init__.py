@@ -19,6 +19,8 @@ _LAZY = {
     "AsyncRGPOConfig": "rgpo_trl.async_rgpo",
     "AsyncRGPOTrainer": "rgpo_trl.async_rgpo",
     "BehaviourRatioMonitor": "rgpo_trl.monitors",
+    "GRPOSamplerConfig": "rgpo_trl.trainer",
+    "GRPOSamplerTrainer": "rgpo_trl.trainer",
     "ReferenceKLMonitor": "rgpo_trl.monitors",
     "RGPOConfig": "rgpo_trl.trainer",
     "RGPOTrainer": "rgpo_trl.trainer",
@@ -29,7 +31,14 @@ _LAZY = {
 if TYPE_CHECKING:  # pragma: no cover
     from .async_rgpo import AsyncRGPOConfig, AsyncRGPOTrainer
     from .monitors import BehaviourRatioMonitor, ReferenceKLMonitor
-    from .trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
+    from .trainer import (
+        GRPOSamplerConfig,
+        GRPOSamplerTrainer,
+        PPORLHFConfig,
+        PPORLHFTrainer,
+        RGPOConfig,
+        RGPOTrainer,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -43,6 +52,8 @@ __all__ = [
     "AsyncRGPOConfig",
     "AsyncRGPOTrainer",
     "BehaviourRatioMonitor",
+    "GRPOSamplerConfig",
+    "GRPOSamplerTrainer",
     "PPORLHFConfig",
     "PPORLHFTrainer",
     "RGPOConfig",

@@ -15,7 +15,7 @@ warnings.filterwarnings("ignore", message=".*trl.experimental.*")
 from _async_utils import config, packed_batch, step_logs, trainer_with_worker  # noqa: E402
 
 from rgpo_trl.async_rgpo import InProcessRolloutWorker  # noqa: E402
-from rgpo_trl.async_rgpo.sampler import sampled_log_probs  # noqa: E402
+from rgpo_trl.sampler import sampled_log_probs  # noqa: E402
 from rgpo_trl.testing import tiny_dataset, tiny_tokenizer, vowel_reward  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(

@@ -28,8 +28,8 @@ from ..core import (
     describe_gates,
     make_correction,
 )
+from ..sampler import SAMPLER_DTYPES, SAMPLER_QUANTIZATIONS, check_sampler_settings
 from ..trainer.config import RGPOLossSettings
-from .sampler import SAMPLER_DTYPES, SAMPLER_QUANTIZATIONS, check_sampler_settings
 
 # the settings only the rgpo correction reads
 RGPO_ONLY_FIELDS = (

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from .sampler import LogitNoise, SamplerSettings, sampled_log_probs, sampler_model
+from ..sampler import LogitNoise, SamplerSettings, sampled_log_probs, sampler_model
 
 WORKER_NAME = "InProcessRolloutWorker"
 

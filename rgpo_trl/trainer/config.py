@@ -38,6 +38,7 @@ from ..core import (
     make_gate,
     make_kl_controller,
 )
+from .sync_sampler import InProcessSamplerArguments
 
 AGGREGATIONS = ("dapo", "grpo", "bnpo", "dr_grpo")
 GATE_REPLACING = ("cispo", "sapo", "vespo", "luspo")
@@ -119,7 +120,7 @@ class RGPOLossSettings:
 
 
 @dataclass
-class RGPOConfig(RGPOLossSettings, GRPOConfig):
+class RGPOConfig(RGPOLossSettings, InProcessSamplerArguments, GRPOConfig):
     r"""
     Configuration class for [`RGPOTrainer`] (Rejection-Gated Policy Optimization).
 
@@ -147,6 +148,10 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
         beta (`float`, defaults to `0.05`): fixed KL-to-reference coefficient beta_ref.
         num_iterations (`int`, defaults to `2`): optimisation passes over each generation batch.
         loss_type (`str`, defaults to `"dapo"`): loss aggregation: `dapo`, `grpo`, `bnpo` or `dr_grpo`.
+        gate_on_sampler (`bool`, defaults to `False`): gate and KL on pi / pi_sampler (the coupled design).
+        use_in_process_sampler (`bool`, defaults to `False`) and `sampler_dtype`, `sampler_quantization`,
+            `sampler_logit_noise`, `sampler_top_p`: generate with a (mismatched) in-process sampler where TRL
+            keeps vLLM (`rgpo_trl.trainer.sync_sampler`).
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["gate_params"]
@@ -270,6 +275,7 @@ class RGPOConfig(RGPOLossSettings, GRPOConfig):
 
     def _validate_rgpo(self) -> None:
         self._validate_gate_and_kl()
+        self.validate_in_process_sampler()
         if self.ratio_mode in ("ref", "dual") and self.beta == 0:
             raise ValueError(
                 f"beta must be > 0 with ratio_mode={self.ratio_mode!r}: GRPOTrainer only builds the "

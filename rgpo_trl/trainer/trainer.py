@@ -63,6 +63,7 @@ from .checkpoint import (
 )
 from .config import RGPOConfig, micro_batches_per_iteration
 from .model_card import build_model_card
+from .sync_sampler import MismatchedSamplerMixin
 
 __all__ = ["ENTROPY_CONTROLLER_FILE", "KL_CONTROLLER_FILE", "EntropyControllerState", "RGPOTrainer"]
 
@@ -131,7 +132,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-class RGPOTrainer(GRPOTrainer):
+class RGPOTrainer(MismatchedSamplerMixin, GRPOTrainer):
     """Trainer for Rejection-Gated Policy Optimization (RGPO) on language models.
 
     Same constructor as `trl.GRPOTrainer`; ``args`` must be an `RGPOConfig`. The loss per completion token is

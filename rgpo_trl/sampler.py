@@ -1,11 +1,12 @@
-"""A sampler that differs from the trainer, as vLLM does: the in-process worker's copy of the policy in
-bfloat16 or int8, noise on its logits, nucleus truncation in the sampler only. Each reports its own
-log-probs of what it sampled (the log-softmax of the scores it sampled from), so pi / mu measures the
-mismatch a correction must handle.
+"""A sampler that differs from the trainer, as vLLM does: a copy of the policy in bfloat16 or int8, noise on
+its logits, nucleus truncation in the sampler only. Each reports its own log-probs of what it sampled (the
+log-softmax of the scores it sampled from), so pi / mu measures the mismatch a correction must handle.
 
-The settings are `AsyncRGPOConfig` fields (``sampler_dtype``, ``sampler_quantization``,
-``sampler_logit_noise``, ``sampler_top_p``); with all at their defaults the worker samples and scores with
-its float32 copy exactly as before (log-probs from a forward of the finished sequences).
+Shared by the asynchronous trainer's in-process worker (`AsyncRGPOConfig` fields) and the synchronous
+trainers' in-process sampler (`rgpo_trl.trainer.sync_sampler`, the same fields on `RGPOConfig` and
+`GRPOSamplerConfig`): ``sampler_dtype``, ``sampler_quantization``, ``sampler_logit_noise``, ``sampler_top_p``.
+With all at their defaults the sampler is faithful: it samples with the float32 policy itself, and its
+log-probs come from a forward of the finished sequences.
 """
 
 from __future__ import annotations
@@ -70,17 +71,21 @@ def check_sampler_settings(dtype: str, quantization: str, logit_noise: float, to
             f"sampler_quantization={quantization!r} quantises a float32 copy: leave sampler_dtype at "
             f"'float32' (got {dtype!r})"
         )
-    if not (isinstance(logit_noise, (int, float)) and math.isfinite(logit_noise) and logit_noise >= 0):
+    if not (_is_number(logit_noise) and math.isfinite(logit_noise) and logit_noise >= 0):
         raise ValueError(f"sampler_logit_noise must be a finite number >= 0 (0: none), got {logit_noise!r}")
-    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+    if not (_is_number(top_p) and 0 < top_p <= 1):
         raise ValueError(f"sampler_top_p must be in (0, 1] (1: no truncation), got {top_p!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def sampler_model(model: torch.nn.Module, settings: SamplerSettings) -> torch.nn.Module:
     """The copy the sampler runs: ``model`` itself (float32), a bfloat16 copy, or a copy whose Linear layers
     are dynamically quantised to int8 (torch.ao, the CPU analogue of an int8 / fp8 rollout engine)."""
     if settings.dtype == "bfloat16":
-        return copy.deepcopy(model).to(torch.bfloat16)
+        return _own_copy(model).to(torch.bfloat16)
     if settings.quantization == "int8":
         try:
             from torch.ao.quantization import quantize_dynamic
@@ -91,8 +96,18 @@ def sampler_model(model: torch.nn.Module, settings: SamplerSettings) -> torch.nn
             ) from err
         with warnings.catch_warnings():  # torch.ao's deprecation notice, every call
             warnings.simplefilter("ignore")
-            return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+            return quantize_dynamic(_own_copy(model), {torch.nn.Linear}, dtype=torch.qint8)
     return model
+
+
+def _own_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy that runs its own weights: a ``forward`` patched onto a module instance is dropped, so each
+    module runs its class's forward (TRL's fused LM head patches the policy's ``forward`` with a closure over
+    the *original* model's, which a copy would otherwise call)."""
+    copied = copy.deepcopy(model)
+    for module in copied.modules():
+        module.__dict__.pop("forward", None)
+    return copied
 
 
 class LogitNoise:
@@ -105,7 +120,7 @@ class LogitNoise:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         noise = torch.randn(scores.shape, generator=self.generator, dtype=torch.float32)
-        return scores + (self.sigma * noise).to(scores.dtype)
+        return scores + (self.sigma * noise).to(device=scores.device, dtype=scores.dtype)
 
 
 def sampled_log_probs(scores: tuple[torch.Tensor, ...], completions: torch.Tensor) -> torch.Tensor:
