@@ -214,6 +214,8 @@ class InProcessSampler:
         self.noise = LogitNoise(settings.logit_noise, seed) if settings.logit_noise else None
         self.generation_config = copy.deepcopy(trainer.generation_config)
         self.generation_config.top_p = settings.top_p
+        # the processed scores it sampled from, whose log-softmax it reports
+        self.generation_config.update(output_scores=True, return_dict_in_generate=True)
 
     @property
     def needs_copy(self) -> bool:
@@ -267,8 +269,6 @@ class InProcessSampler:
                     **inputs,
                     generation_config=self.generation_config,
                     logits_processor=LogitsProcessorList([self.noise] if self.noise is not None else []),
-                    return_dict_in_generate=True,
-                    output_scores=True,
                 )
                 sequences = out.sequences
         completion = sequences[:, prompt_ids.size(1) :].cpu()
