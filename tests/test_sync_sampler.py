@@ -9,6 +9,7 @@ them as written; bad settings are refused in one line."""
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 
 import pytest
@@ -357,3 +358,45 @@ def _trainer_with(model_path, tmp_path, **kwargs):
         processing_class=tiny_tokenizer(),
         **kwargs,
     )
+
+
+# ---------------------------------------------------------------------------------------- TRL lines followed
+# GRPOTrainer method -> (first text, last text, digest) of lines InProcessSampler follows: its generation (the
+# plain path's padding, generate and cut after the first EOS) and, for the faithful sampler, the batch TRL
+# builds and scores (padding, truncation mask, chunk size, the no-grad forward); the bit-identity test above
+# checks them in behaviour, these digests name the lines when a TRL release changes them.
+FOLLOWED = {
+    "_generate_single_turn": [
+        (
+            "prompt_tensors = [torch.tensor(ids) for ids in prompt_ids]",
+            "logprobs = None  # not used in this case",
+            "c821134a1290724b",
+        )
+    ],
+    "_generate_and_score_completions": [
+        (
+            "completion_ids = [torch.tensor(ids) for ids in completion_ids_list]",
+            "logits_to_keep = completion_ids.size(1)",
+            "7def7d298074223f",
+        ),
+        (
+            'batch_size = self.args.per_device_train_batch_size if mode == "train"',
+            "old_per_token_logps = None",
+            "796c4acf6ccf42f8",
+        ),
+    ],
+}
+
+
+@pytest.mark.parametrize("trl_method", list(FOLLOWED))
+def test_the_trl_lines_the_sampler_follows_have_not_changed(trl_method):
+    from trl import GRPOTrainer
+
+    from rgpo_trl.trainer.trl_version import source_segment_digest
+
+    source = inspect.getsource(getattr(GRPOTrainer, trl_method))
+    for start, end, digest in FOLLOWED[trl_method]:
+        assert source_segment_digest(source, start, end) == digest, (
+            f"GRPOTrainer.{trl_method}: the lines from {start!r} to {end!r} changed; "
+            "rgpo_trl.trainer.sync_sampler.InProcessSampler follows them"
+        )

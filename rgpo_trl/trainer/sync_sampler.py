@@ -5,12 +5,14 @@ with `InProcessSampler`, a sampler that differs from the trainer as the asynchro
 (`rgpo_trl.sampler`: bf16 or int8 copy, logit noise, top-p in the sampler only) and reports its own per-token
 log-probs of what it sampled. It is installed where TRL keeps its vLLM engine (``use_vllm`` and
 ``vllm_generation``), so TRL's own vLLM branches run unchanged: the weight sync at each optimizer step, the
-sampler's log-probs landing in ``sampling_per_token_logps``, the importance-sampling factor pi_old / mu in its
-four ``vllm_importance_sampling_mode``\\ s with its clip bounds, and the ``sampling/*`` metrics. Nothing of
-TRL's is mirrored for the factor; what this module copies is TRL's plain generation (padding, ``generate``,
-the cut after the first EOS), so that a faithful sampler (every setting at its default) generates exactly
-what GRPOTrainer generates without it, and reports the trainer's own log-probs from the forward TRL makes of
-the same batch (the factor is then exactly 1).
+sampler's log-probs landing in ``sampling_per_token_logps``, the importance-sampling factor pi_old / mu in
+each ``vllm_importance_sampling_mode`` with its clip bounds, and the ``sampling/*`` metrics.
+
+Nothing of TRL's is mirrored for the factor. What this module follows is TRL's plain generation (padding,
+``generate``, the cut after the first EOS) and the batch TRL scores, so that a faithful sampler (every
+setting at its default) generates exactly what GRPOTrainer generates without it and reports the trainer's own
+log-probs from the forward TRL makes of the same batch (the factor is then exactly 1);
+tests/test_sync_sampler.py pins digests of those TRL lines.
 """
 
 from __future__ import annotations
