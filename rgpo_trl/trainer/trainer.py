@@ -21,12 +21,13 @@ marked as mirrors, and a test pins a digest of the TRL lines each follows, faili
 them.
 
 RGPOTrainer sets none of the attributes GRPOTrainer or transformers' Trainer create (a test records every
-assignment through training, checkpointing and resuming). In particular GRPOTrainer's adaptive entropy
-controller belongs to GRPOTrainer's loss, which this trainer replaces: the same rule runs on RGPO's own state,
-`EntropyControllerState` in ``entropy_ctl``, initialised as GRPOTrainer initialises its own. GRPOTrainer's
-public ``entropy_coef`` is a property reading (and writing) ``entropy_ctl.coef``, so it is always the
-coefficient in force, as TRL's tests and user callbacks expect; its private ``_last_world_entropy`` and
-``_entropy_window_stats`` keep the values its ``__init__`` gave them.
+assignment through training, checkpointing and resuming), except, with ``use_in_process_sampler``, the three
+vLLM ones its in-process sampler takes the place of (`rgpo_trl.trainer.sync_sampler`). In particular
+GRPOTrainer's adaptive entropy controller belongs to GRPOTrainer's loss, which this trainer replaces: the same
+rule runs on RGPO's own state, `EntropyControllerState` in ``entropy_ctl``, initialised as GRPOTrainer
+initialises its own. GRPOTrainer's public ``entropy_coef`` is a property reading (and writing)
+``entropy_ctl.coef``, so it is always the coefficient in force, as TRL's tests and user callbacks expect; its
+private ``_last_world_entropy`` and ``_entropy_window_stats`` keep the values its ``__init__`` gave them.
 
 The other additions are the adaptive KL-to-old controller (paper Eq. beta_update) and its bookkeeping. One
 RGPO *iteration* is one generation batch and all its reuse (``num_iterations * steps_per_generation``
