@@ -274,16 +274,21 @@ def test_provenance_compares_code_paths_by_syntax_tree():
     assert {"rgpo_trl/cli.py", "rgpo_trl/core/registry.py"} <= set(rep.CODE_PATH)
 
 
+# The stand-in for a commit with the lab runner whose code path is the suite commit's: the last commit before
+# the code path itself changed (the acceptance classifier's argument of rgpo_loss). The working tree served
+# until then; a later change to the loss would rightly make it another code path.
+STAND_IN = "e554ba5"
+
+
 def _worktree_show(real_show, files):
-    """A stand-in commit "WORKTREE": the working tree, with ``files`` ({path: text or None}) changed."""
+    """A stand-in commit "WORKTREE": `STAND_IN`'s tree, with ``files`` ({path: text or None}) changed."""
+    if rep._git_ls(STAND_IN, "rgpo_lab") is None:
+        pytest.skip(f"commit {STAND_IN} is not in this clone (git fetch --unshallow)")
 
     def show(commit, path):
         if commit != "WORKTREE":
             return real_show(commit, path)
-        if path in files:
-            return files[path]
-        full = os.path.join(ROOT, path)
-        return open(full).read() if os.path.isfile(full) else None
+        return files[path] if path in files else real_show(STAND_IN, path)
 
     return show
 
@@ -292,10 +297,7 @@ def _worktree_ls(real_ls, extra=()):
     def ls(commit, *paths):
         if commit != "WORKTREE":
             return real_ls(commit, *paths)
-        found = []
-        for p in paths:
-            for base, _, names in os.walk(os.path.join(ROOT, p)):
-                found += [os.path.relpath(os.path.join(base, n), ROOT) for n in names if n.endswith(".py")]
+        found = [f for f in real_ls(STAND_IN, *paths) if f.endswith(".py")]
         return sorted(found + [e for e in extra if any(e.startswith(p) for p in paths)])
 
     return ls
@@ -304,7 +306,7 @@ def _worktree_ls(real_ls, extra=()):
 def test_provenance_at_a_commit_with_the_lab_runner_compares_the_runner(monkeypatch):
     """From issue 48 on, the code the suite's runs execute is rgpo_lab/mujoco_runner (moved from
     mujoco_baselines/, imports and texts changed) and mujoco_baselines/ holds the single-file scripts: at such
-    a commit (here the working tree, standing in for one) the suite commit's mujoco_baselines/<file> is
+    a commit (here `STAND_IN`) the suite commit's mujoco_baselines/<file> is
     compared with the runner's <file>, found the same code path; compared with the scripts instead, it is
     not."""
     monkeypatch.setattr(rep, "_git_show", _worktree_show(rep._git_show, {}))
@@ -319,8 +321,8 @@ def test_provenance_catches_a_new_runner_file_a_rebound_name_and_an_import_that_
     monkeypatch,
 ):
     real_show, real_ls = rep._git_show, rep._git_ls
-    core = os.path.join(ROOT, "rgpo_trl", "core", "__init__.py")
-    corrections = os.path.join(ROOT, "rgpo_trl", "core", "corrections.py")
+    core = real_show(STAND_IN, "rgpo_trl/core/__init__.py")
+    corrections = real_show(STAND_IN, "rgpo_trl/core/corrections.py")
     cases = [
         # a runner file the suite commit lacks: not checked (named), never ignored
         (
@@ -331,20 +333,14 @@ def test_provenance_catches_a_new_runner_file_a_rebound_name_and_an_import_that_
         ),
         # rgpo_trl.core's make_gate taken from another module: a different code path
         (
-            {
-                "rgpo_trl/core/__init__.py": open(core).read()
-                + "from .corrections import make_correction as make_gate\n"
-            },
+            {"rgpo_trl/core/__init__.py": core + "from .corrections import make_correction as make_gate\n"},
             [],
             False,
             "make_gate",
         ),
         # the extra module imported by rgpo_trl.core registers into GATES: not checked
         (
-            {
-                "rgpo_trl/core/corrections.py": open(corrections).read()
-                + "from .gates import GATES\nGATES['x'] = 1\n"
-            },
+            {"rgpo_trl/core/corrections.py": corrections + "from .gates import GATES\nGATES['x'] = 1\n"},
             [],
             None,
             "GATES",
