@@ -25,7 +25,9 @@ Presets are YAML files in ``recipes/configs/`` passed with ``--config``, as for 
   never occur in training and whose gold penalises ill-formed text.
 
 ``--method`` picks a registered method (`recipes.hh_rlhf.methods`: rgpo, rgpo_old, ppo, grpo, ppo_clip_kl,
-sapo, cispo, dpo, sft); it applies its loss settings over the preset. Precedence: field defaults < method <
+sapo, cispo, dpo, sft); it applies its loss settings over the preset and names its trainer, which `main`
+builds in plain view (RGPOTrainer, TRL's GRPOTrainer, PPORLHFTrainer, TRL's DPOTrainer; with
+``--trainer async`` AsyncRGPOTrainer or TRL's AsyncGRPOTrainer). Precedence: field defaults < method <
 YAML < command line. Any RGPOConfig / GRPOConfig / ModelConfig field can be set. The default output directory
 is ``runs/hh_rlhf_qwen/<preset>-<method>``. Per-iteration metrics go to ``<output_dir>/metrics.jsonl`` (and
 ``metrics.csv``), the window averages the paper reports to ``summary.json``. The console shows a progress bar
@@ -77,10 +79,11 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     # (transformers', TRL's, rgpo_trl's) and the models load
     from accelerate import PartialState
     from transformers import AutoTokenizer
+    from trl import DPOTrainer, get_peft_config
 
     from recipes.hh_common.rewards import load_pairwise_reward
     from recipes.hh_rlhf.input_checks import checkpoint_load_errors
-    from recipes.hh_rlhf.methods import get_rlhf_method, make_trainer
+    from recipes.hh_rlhf.methods import get_rlhf_method
     from recipes.hh_rlhf.metrics_log import IterationMetricsWriter, quiet_console
     from recipes.hh_rlhf.offline import run_offline
     from recipes.hh_rlhf.prompt_splits import training_prompts
@@ -90,6 +93,7 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
         sampling_settings,
         summary_window,
     )
+    from recipes.hh_rlhf.trainers import GRPOMonitoredTrainer, PPORLHFMonitoredTrainer, RGPOMonitoredTrainer
     from rgpo_trl.trainer import optimizer_steps_per_iteration
 
     resolve_tiny_assets(script_args, model_args)
@@ -98,9 +102,23 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
         training_args.disable_tqdm = True
     state = PartialState()
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
+    peft_config = get_peft_config(model_args)
     # every method of the asynchronous trainer trains online; an offline one (dpo, sft) is synchronous only
     if script_args.trainer == "sync" and not get_rlhf_method(script_args.method).online:
-        return run_offline(script_args, training_args, model_args, tokenizer, state)
+
+        def dpo_trainer(pairs):  # called by run_offline once it has read the preference pairs
+            return DPOTrainer(
+                model=model_args.model_name_or_path,
+                args=training_args,
+                train_dataset=pairs,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+            )
+
+        trains = get_rlhf_method(script_args.method).trainer == "dpo"  # sft: the initial policy, untrained
+        return run_offline(
+            script_args, training_args, model_args, tokenizer, state, dpo_trainer if trains else None
+        )
 
     dataset, validation_prompts = training_prompts(script_args, tokenizer, state)
     reward_model = load_pairwise_reward(
@@ -123,16 +141,64 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
 
     if script_args.trainer == "async":
         # imported here: TRL's asynchronous trainer (trl.experimental) is loaded for --trainer async only
-        from recipes.hh_rlhf.async_methods import build_async_trainer
+        from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-        method, trainer = build_async_trainer(
+        from recipes.hh_rlhf.async_methods import get_async_method, rollout_workers
+        from rgpo_trl.async_rgpo import AsyncRGPOTrainer
+
+        workers = rollout_workers(
             script_args, training_args, model_args, tokenizer, dataset, reward_funcs, reward_weights
         )
+        method = get_async_method(script_args.method)
+        if method.trainer == "rgpo":  # rgpo, rgpo_old and the off-policy corrections
+            trainer = AsyncRGPOTrainer(
+                model=model_args.model_name_or_path,
+                reward_funcs=reward_funcs,
+                args=training_args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+                **workers,
+            )
+        else:  # grpo: TRL's own
+            trainer = AsyncGRPOTrainer(
+                model=model_args.model_name_or_path,
+                reward_funcs=reward_funcs,
+                args=training_args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+                **workers,
+            )
     else:
         method = get_rlhf_method(script_args.method)
-        trainer = make_trainer(
-            method.trainer_class, model_args, training_args, tokenizer, dataset, reward_funcs=reward_funcs
-        )
+        if method.trainer == "rgpo":  # rgpo, rgpo_old
+            trainer = RGPOMonitoredTrainer(
+                model=model_args.model_name_or_path,
+                reward_funcs=reward_funcs,
+                args=training_args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+            )
+        elif method.trainer == "ppo":  # PPO-RLHF with its value model
+            trainer = PPORLHFMonitoredTrainer(
+                model=model_args.model_name_or_path,
+                reward_funcs=reward_funcs,
+                args=training_args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+            )
+        else:  # grpo, ppo_clip_kl, sapo, cispo: TRL's GRPOTrainer with its own loss_type
+            trainer = GRPOMonitoredTrainer(
+                model=model_args.model_name_or_path,
+                reward_funcs=reward_funcs,
+                args=training_args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+            )
     place_reward_model(reward_model, trainer)
     trainer.add_callback(
         IterationMetricsWriter(

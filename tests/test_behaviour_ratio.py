@@ -74,7 +74,7 @@ def test_the_monitor_logs_the_ratio_each_step_trained_on(
     samples s - 1 updates old. The logged r_b statistics equal those of log-probs recomputed by a plain
     forward against the batch's behaviour log-probs; with S = 1 the ratio is 1 and the monitor still logs
     KL_ref (scoring the batch under the policy itself)."""
-    from recipes.hh_rlhf.methods import GRPOMonitoredTrainer
+    from recipes.hh_rlhf.trainers import GRPOMonitoredTrainer
 
     args = GRPOConfig(
         **base_args(

@@ -124,7 +124,7 @@ def test_monitored_grpo_trainer_on_stale_samples_in_bf16_on_cuda(model_path, tmp
     trains on stale samples and `BehaviourRatioMonitor` sees r_b != 1."""
     from trl import GRPOConfig
 
-    from recipes.hh_rlhf.methods import GRPOMonitoredTrainer
+    from recipes.hh_rlhf.trainers import GRPOMonitoredTrainer
 
     beta = 0.0 if loss_type == "grpo" else 0.05
     args = GRPOConfig(

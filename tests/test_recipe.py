@@ -296,20 +296,20 @@ def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method, caps
 
 def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
     """The reference model exists only for the KL_ref metric: GRPO's loss keeps beta = 0."""
-    import recipes.hh_rlhf.methods as methods
+    import recipes.hh_rlhf.trainers as trainers
 
     seen = {}
-    original = methods.GRPOMonitoredTrainer.train
+    original = trainers.GRPOMonitoredTrainer.train
 
     def train(self, *a, **k):
         seen.update(beta=self.beta, args_beta=self.args.beta, has_ref=self.ref_model is not None)
         return original(self, *a, **k)
 
-    methods.GRPOMonitoredTrainer.train = train
+    trainers.GRPOMonitoredTrainer.train = train
     try:
         _run_recipe(_tiny_argv(quick_assets, tmp_path, "grpo", iterations=1))
     finally:
-        methods.GRPOMonitoredTrainer.train = original
+        trainers.GRPOMonitoredTrainer.train = original
     assert seen == {"beta": 0.0, "args_beta": 0.0, "has_ref": True}
 
 

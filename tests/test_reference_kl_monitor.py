@@ -23,7 +23,7 @@ from _trainer_utils import (
 )
 from trl import GRPOConfig, GRPOTrainer
 
-from recipes.hh_rlhf.methods import GRPOMonitoredTrainer
+from recipes.hh_rlhf.trainers import GRPOMonitoredTrainer
 from rgpo_trl.monitors.reference_kl import ReferenceKLMonitor, _given_arguments
 from rgpo_trl.trainer import PPORLHFTrainer
 from rgpo_trl.trainer.trl_version import source_segment_digest

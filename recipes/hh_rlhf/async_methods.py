@@ -8,8 +8,9 @@
   ``tis``, ``icepop``, ``seq_mask`` (rgpo_trl.core.corrections), ``rgpo_mu`` (the gate on pi / pi_sampler
   with the adaptive KL to it) and ``rgpo_gate`` (the same gate, coefficient fixed at 0).
 
-`build_async_trainer` builds the recipe's trainer for one of them, with its rollout worker. Imported only for
-``--trainer async``: TRL's asynchronous trainer lives in ``trl.experimental``.
+Settings only: the recipe builds the trainer (`AsyncRLHFMethod.trainer`: ``rgpo`` for `AsyncRGPOTrainer`,
+``grpo`` for TRL's `AsyncGRPOTrainer`) in plain view, with the rollout worker `rollout_workers` makes.
+Imported only for ``--trainer async``: TRL's asynchronous trainer lives in ``trl.experimental``.
 """
 
 from __future__ import annotations
@@ -20,18 +21,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelerate import PartialState
-from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from rgpo_trl.async_rgpo import (
     AsyncRGPOConfig,
-    AsyncRGPOTrainer,
     InProcessRolloutWorker,
     InProcessWeightTransfer,
     install_cpu_shims,
 )
 from rgpo_trl.cli import UsageError
 
-from .methods import BASE_METRICS, make_trainer
+from .methods import BASE_METRICS
 
 logger = logging.getLogger("rgpo_trl.recipe")
 
@@ -48,8 +48,11 @@ ASYNC_RGPO_METRICS = {
 
 @dataclass(frozen=True)
 class AsyncRLHFMethod:
+    """An asynchronous method: its trainer (``rgpo``: AsyncRGPOTrainer, ``grpo``: TRL's AsyncGRPOTrainer),
+    config class, loss settings over the preset and the metrics it adds to `BASE_METRICS`."""
+
     name: str
-    trainer_class: type[AsyncGRPOTrainer]
+    trainer: str
     config_class: type[AsyncGRPOConfig]
     config: dict[str, Any]
     metrics: dict[str, str]
@@ -63,14 +66,14 @@ class AsyncRLHFMethod:
 _RGPO = {"gate": "sigmoid", "gate_params": {"k": 5.0}, "beta": 0.05}
 ASYNC_METHODS = {
     "rgpo": AsyncRLHFMethod(
-        "rgpo", AsyncRGPOTrainer, AsyncRGPOConfig, {**_RGPO, "ratio_mode": "dual"}, ASYNC_RGPO_METRICS
+        "rgpo", "rgpo", AsyncRGPOConfig, {**_RGPO, "ratio_mode": "dual"}, ASYNC_RGPO_METRICS
     ),
     "rgpo_old": AsyncRLHFMethod(
-        "rgpo_old", AsyncRGPOTrainer, AsyncRGPOConfig, {**_RGPO, "ratio_mode": "old"}, ASYNC_RGPO_METRICS
+        "rgpo_old", "rgpo", AsyncRGPOConfig, {**_RGPO, "ratio_mode": "old"}, ASYNC_RGPO_METRICS
     ),
     "grpo": AsyncRLHFMethod(
         "grpo",
-        AsyncGRPOTrainer,
+        "grpo",
         AsyncGRPOConfig,
         {"epsilon": 0.2},
         {"staleness_dequeued": "sample/staleness_mean"},
@@ -96,18 +99,18 @@ CORRECTION_METRICS = {
 }
 for _name in ("ignore", "ppo_clip", "tis", "icepop", "seq_mask"):
     ASYNC_METHODS[_name] = AsyncRLHFMethod(
-        _name, AsyncRGPOTrainer, AsyncRGPOConfig, {"off_policy_correction": _name}, CORRECTION_METRICS
+        _name, "rgpo", AsyncRGPOConfig, {"off_policy_correction": _name}, CORRECTION_METRICS
     )
 ASYNC_METHODS["rgpo_mu"] = AsyncRLHFMethod(
     "rgpo_mu",
-    AsyncRGPOTrainer,
+    "rgpo",
     AsyncRGPOConfig,
     {**_RGPO, "beta": 0.0, "ratio_mode": "old"},
     {**CORRECTION_METRICS, "kl_coef": "rgpo/kl_coef", "rejected_frac": "rgpo/rejected_frac"},
 )
 ASYNC_METHODS["rgpo_gate"] = AsyncRLHFMethod(
     "rgpo_gate",
-    AsyncRGPOTrainer,
+    "rgpo",
     AsyncRGPOConfig,
     {**_RGPO, "beta": 0.0, "ratio_mode": "old", "kl_controller": "fixed", "kl_coef": 0.0},
     {**CORRECTION_METRICS, "rejected_frac": "rgpo/rejected_frac"},
@@ -120,18 +123,16 @@ def get_async_method(name: str) -> AsyncRLHFMethod:
     return ASYNC_METHODS[name]
 
 
-def build_async_trainer(
+def rollout_workers(
     script_args, training_args, model_args, tokenizer, dataset, reward_funcs, reward_weights
-) -> tuple[AsyncRLHFMethod, AsyncGRPOTrainer]:
-    """(method, trainer) for the recipe's --trainer async: the method's asynchronous trainer with the
-    in-process rollout worker (a thread generating with transformers) or, on GPUs, TRL's vLLM worker; the
-    vLLM path fails up front when vllm is not installed. The preset's settings the trainer does not read
-    are logged."""
+) -> dict[str, Any]:
+    """The rollout keyword arguments of the recipe's asynchronous trainer: the in-process rollout worker (a
+    thread generating with transformers) and its weight transfer, or none for TRL's vLLM worker, which fails
+    up front when vllm is not installed. The preset's settings the trainer does not read are logged."""
     if PartialState().is_main_process and script_args.unused_preset_settings:
         logger.info(
             "the asynchronous trainer does not read these settings: %s", script_args.unused_preset_settings
         )
-    method = get_async_method(script_args.method)
     rollout = script_args.async_rollout  # resolved by the parser: in_process or vllm
     if rollout == "vllm" and any(w != 1.0 for w in reward_weights):
         raise UsageError(
@@ -139,7 +140,6 @@ def build_async_trainer(
             "function with weight 1, so the tiny world's gold score (weight 0) would be trained on; use "
             "--async_rollout in_process"
         )
-    workers = {}
     if rollout == "in_process":
         install_cpu_shims()
         worker = InProcessRolloutWorker(
@@ -151,20 +151,11 @@ def build_async_trainer(
             reward_weights=reward_weights,
             lag=script_args.rollout_lag,
         )
-        workers = {"rollout_worker": worker, "weight_transfer": InProcessWeightTransfer(worker)}
-    elif importlib.util.find_spec("vllm") is None:
+        return {"rollout_worker": worker, "weight_transfer": InProcessWeightTransfer(worker)}
+    if importlib.util.find_spec("vllm") is None:
         raise UsageError(
             "async_rollout='vllm' needs vllm (pip install vllm) and a running server: "
             f"`trl vllm-serve --model {model_args.model_name_or_path}` (--vllm_server_base_url, default "
             f"{training_args.vllm_server_base_url}); without a GPU use --async_rollout in_process"
         )
-    trainer = make_trainer(
-        method.trainer_class,
-        model_args,
-        training_args,
-        tokenizer,
-        dataset,
-        reward_funcs=reward_funcs,
-        **workers,
-    )
-    return method, trainer
+    return {}

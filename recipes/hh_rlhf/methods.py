@@ -1,10 +1,10 @@
 """The registry of the RLHF methods the paper compares, each defined in one place (`RLHFMethod`,
-`register_rlhf_method`, `get_rlhf_method`), the monitored trainer classes they use, and `make_trainer`, which
-builds any of them as the recipe does.
+`register_rlhf_method`, `get_rlhf_method`): settings only. The recipe (`recipes/hh_rlhf_qwen.py`) builds each
+method's trainer in plain view from `RLHFMethod.trainer`.
 
-A method (`RLHFMethod`) is a trainer class, its config class, the loss settings it applies over the shared
-preset, and the per-iteration metrics it adds. Everything else (data, reward, generation, batch, learning
-rate, ``num_iterations``) comes from the preset, so runs differ only in the policy loss. Built in:
+A method (`RLHFMethod`) names the trainer that runs it, its config class, the loss settings it applies over
+the shared preset, and the per-iteration metrics it adds. Everything else (data, reward, generation, batch,
+learning rate, ``num_iterations``) comes from the preset, so runs differ only in the policy loss. Built in:
 
 - ``rgpo``: `RGPOTrainer`, sigmoid gate (k = 5) on the dual ratio max(r_old, r_ref), adaptive KL-to-old,
   fixed beta_ref = 0.05 (paper Eq. rgpo_rlhf).
@@ -24,10 +24,8 @@ rate, ``num_iterations``) comes from the preset, so runs differ only in the poli
   reference; offline, so its reward, gold and KL_ref come from the shared end-of-run evaluation.
 - ``sft``: no training; the initial policy through the same evaluation (KL_ref = 0): the baseline.
 
-More are added with `register_rlhf_method`. The monitored trainers log, for every method, KL to the
-reference (the library's `rgpo_trl.monitors.ReferenceKLMonitor`, the paper's primary RLHF stability metric)
-and, for the GRPO family, the ratio to the behaviour policy (`rgpo_trl.monitors.BehaviourRatioMonitor`); a
-run's metrics files and console table are `recipes.hh_rlhf.metrics_log`'s.
+More are added with `register_rlhf_method`. The online methods' trainers carry the library's monitors
+(`recipes.hh_rlhf.trainers`); a run's metrics files and console table are `recipes.hh_rlhf.metrics_log`'s.
 """
 
 from __future__ import annotations
@@ -35,10 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, get_peft_config
+from trl import DPOConfig, GRPOConfig
 
-from rgpo_trl.monitors import BehaviourRatioMonitor, ReferenceKLMonitor
-from rgpo_trl.trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
+from rgpo_trl.trainer import PPORLHFConfig, RGPOConfig
 
 # Columns of the per-iteration metrics file that every method has: name -> key logged by the trainer.
 BASE_METRICS = {
@@ -59,17 +56,30 @@ RGPO_METRICS = {
 PPO_METRICS = {"value_loss": "ppo/value_loss", "clipfrac": "ppo/clipfrac", "score": "ppo/score"}
 
 
+# The values of RLHFMethod.trainer, the trainer the recipe builds: RGPOTrainer, TRL's GRPOTrainer,
+# PPORLHFTrainer, TRL's DPOTrainer, or None (no training: the SFT baseline).
+TRAINERS = ("rgpo", "grpo", "ppo", "dpo", None)
+
+
 @dataclass(frozen=True)
 class RLHFMethod:
-    """A policy-loss method of the comparison: its trainer, its config class, the loss settings it applies
-    over the shared preset, and the metrics it adds to `BASE_METRICS`."""
+    """A policy-loss method of the comparison: the trainer that runs it (one of `TRAINERS`), its config
+    class, the loss settings it applies over the shared preset, and the metrics it adds to `BASE_METRICS`."""
 
     name: str
-    trainer_class: type[GRPOTrainer] | type[DPOTrainer] | None  # None: no training (the SFT baseline)
+    trainer: str | None
     config_class: type[GRPOConfig] | type[DPOConfig]
     config: dict[str, Any]
     metrics: dict[str, str] = field(default_factory=dict)
-    online: bool = True  # False: trained on the preference pairs (DPO), evaluated with the same sampling code
+
+    def __post_init__(self):
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"trainer must be one of {list(TRAINERS)}, got {self.trainer!r}")
+
+    @property
+    def online(self) -> bool:
+        """False: trained on the preference pairs (DPO) or not at all (SFT), evaluated with the same code."""
+        return self.trainer not in ("dpo", None)
 
     @property
     def metric_columns(self) -> dict[str, str]:
@@ -92,49 +102,17 @@ def get_rlhf_method(name: str) -> RLHFMethod:
     return RLHF_METHODS[name]
 
 
-def make_trainer(trainer_class: type, model_args, training_args, tokenizer, dataset, **kwargs: Any):
-    """``trainer_class`` built as the recipe builds every method's trainer (sync, async, offline): the policy
-    by its path with ModelConfig's PEFT settings, the run's config, training data and tokenizer; ``kwargs``
-    add what the trainer takes besides (reward functions, a rollout worker)."""
-    return trainer_class(
-        model=model_args.model_name_or_path,
-        args=training_args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-        **kwargs,
-    )
-
-
-class RGPOMonitoredTrainer(BehaviourRatioMonitor, ReferenceKLMonitor, RGPOTrainer):
-    pass
-
-
-class GRPOMonitoredTrainer(BehaviourRatioMonitor, ReferenceKLMonitor, GRPOTrainer):
-    pass
-
-
-class PPORLHFMonitoredTrainer(ReferenceKLMonitor, PPORLHFTrainer):
-    pass
-
-
 _RGPO = {"gate": "sigmoid", "gate_params": {"k": 5.0}, "beta": 0.05, "loss_type": "dapo"}
+register_rlhf_method(RLHFMethod("rgpo", "rgpo", RGPOConfig, {**_RGPO, "ratio_mode": "dual"}, RGPO_METRICS))
+register_rlhf_method(RLHFMethod("rgpo_old", "rgpo", RGPOConfig, {**_RGPO, "ratio_mode": "old"}, RGPO_METRICS))
+register_rlhf_method(RLHFMethod("ppo", "ppo", PPORLHFConfig, {"beta": 0.05, "epsilon": 0.2}, PPO_METRICS))
 register_rlhf_method(
-    RLHFMethod("rgpo", RGPOMonitoredTrainer, RGPOConfig, {**_RGPO, "ratio_mode": "dual"}, RGPO_METRICS)
-)
-register_rlhf_method(
-    RLHFMethod("rgpo_old", RGPOMonitoredTrainer, RGPOConfig, {**_RGPO, "ratio_mode": "old"}, RGPO_METRICS)
-)
-register_rlhf_method(
-    RLHFMethod("ppo", PPORLHFMonitoredTrainer, PPORLHFConfig, {"beta": 0.05, "epsilon": 0.2}, PPO_METRICS)
-)
-register_rlhf_method(
-    RLHFMethod("grpo", GRPOMonitoredTrainer, GRPOConfig, {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2})
+    RLHFMethod("grpo", "grpo", GRPOConfig, {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2})
 )
 register_rlhf_method(
     RLHFMethod(
         "ppo_clip_kl",
-        GRPOMonitoredTrainer,
+        "grpo",
         GRPOConfig,
         {"loss_type": "dapo", "beta": 0.05, "epsilon": 0.2, "use_bias_correction_kl": False},
     )
@@ -142,7 +120,7 @@ register_rlhf_method(
 register_rlhf_method(
     RLHFMethod(
         "sapo",
-        GRPOMonitoredTrainer,
+        "grpo",
         GRPOConfig,
         {"loss_type": "sapo", "beta": 0.05, "use_bias_correction_kl": False},
     )
@@ -150,12 +128,12 @@ register_rlhf_method(
 register_rlhf_method(
     RLHFMethod(
         "cispo",
-        GRPOMonitoredTrainer,
+        "grpo",
         GRPOConfig,
         {"loss_type": "cispo", "epsilon_high": 5.0, "beta": 0.05, "use_bias_correction_kl": False},
         {"cispo_clip_ratio": "cispo_clip_ratio"},
     )
 )
-register_rlhf_method(RLHFMethod("dpo", DPOTrainer, DPOConfig, {"beta": 0.1}, online=False))
+register_rlhf_method(RLHFMethod("dpo", "dpo", DPOConfig, {"beta": 0.1}))
 # The initial (SFT) policy, evaluated with the same code and no training: the baseline a method must beat.
-register_rlhf_method(RLHFMethod("sft", None, DPOConfig, {}, online=False))
+register_rlhf_method(RLHFMethod("sft", None, DPOConfig, {}))

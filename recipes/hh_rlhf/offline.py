@@ -1,17 +1,20 @@
-"""The HH-RLHF recipe's offline methods (`RLHFMethod.online` False): ``dpo`` (TRL's DPOTrainer on the
-dataset's chosen/rejected pairs) and ``sft`` (no training), evaluated like the online methods."""
+"""The HH-RLHF recipe's offline methods (`RLHFMethod.online` False): ``dpo`` (TRL's DPOTrainer, built by the
+recipe, on the dataset's chosen/rejected pairs) and ``sft`` (no training), evaluated like the online
+methods."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
-from transformers import AutoModelForCausalLM
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, Trainer
 
 from ..hh_common.rewards import load_pairwise_reward
 from .input_checks import checkpoint_load_errors
 from .json_io import dump, dumps
-from .methods import get_rlhf_method, make_trainer
+from .methods import get_rlhf_method
 from .prompt_splits import training_pairs, training_prompts
 from .recipe_evaluation import RunEvaluation, summary_window
 from .runtime import finish
@@ -19,12 +22,20 @@ from .runtime import finish
 logger = logging.getLogger("rgpo_trl.recipe")
 
 
-def run_offline(script_args, training_args, model_args, tokenizer, state) -> dict:
-    """An offline method: DPO (TRL's DPOTrainer on the dataset's chosen/rejected pairs from the same initial
-    policy and reference, for as many optimizer steps as the online methods take) or ``sft`` (no training: the
-    initial policy itself, the baseline every method starts from). Then the shared evaluation on training
-    prompts (summary.json, the counterpart of the online methods' window) and on held-out prompts
-    (heldout.json). Returns the summary ({} on all but single-process runs)."""
+def run_offline(
+    script_args,
+    training_args,
+    model_args,
+    tokenizer,
+    state,
+    build_trainer: Callable[[Dataset], Trainer] | None,
+) -> dict:
+    """An offline method: DPO (``build_trainer(pairs)``, the recipe's DPOTrainer, on the dataset's
+    chosen/rejected pairs from the same initial policy and reference, for as many optimizer steps as the
+    online methods take) or ``sft`` (``build_trainer`` None, no training: the initial policy itself, the
+    baseline every method starts from). Then the shared evaluation on training prompts (summary.json, the
+    counterpart of the online methods' window) and on held-out prompts (heldout.json). Returns the summary
+    ({} on all but single-process runs)."""
     method = get_rlhf_method(script_args.method)
     unused = script_args.unused_preset_settings
     if state.is_main_process and unused:
@@ -49,7 +60,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
     validation_prompts: list = []
     if script_args.validation_prompts:  # the same validation prompts as the online methods, out of training
         _, validation_prompts = training_prompts(script_args, tokenizer, state, log=False)
-    if method.trainer_class is None:  # the initial policy, evaluated as it is (its own reference: KL_ref = 0)
+    if build_trainer is None:  # the initial policy, evaluated as it is (its own reference: KL_ref = 0)
         model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path).to(state.device)
         ref_model, device = model, state.device
         info.update(optimizer_steps=0)
@@ -64,7 +75,7 @@ def run_offline(script_args, training_args, model_args, tokenizer, state) -> dic
         steps_per_iteration = preset.num_iterations  # as many optimizer steps as an online run
         if training_args.max_steps is None or training_args.max_steps <= 0:
             training_args.max_steps = script_args.num_rl_iterations * steps_per_iteration
-        trainer = make_trainer(method.trainer_class, model_args, training_args, tokenizer, pairs)
+        trainer = build_trainer(pairs)
         reward_model.to(trainer.accelerator.device)
         window = summary_window(script_args, training_args.max_steps // steps_per_iteration)
         evaluation.add_validation(trainer, training_args, validation_prompts, steps_per_iteration, window)
