@@ -172,7 +172,8 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
             )
     else:
         method = get_rlhf_method(script_args.method)
-        if method.trainer == "rgpo":  # rgpo, rgpo_old
+        # each with the KL_ref and behaviour-ratio monitors mixed in (recipes.hh_rlhf.trainers)
+        if method.trainer == "rgpo":  # rgpo, rgpo_old: RGPOTrainer
             trainer = RGPOMonitoredTrainer(
                 model=model_args.model_name_or_path,
                 reward_funcs=reward_funcs,
@@ -181,7 +182,7 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
                 processing_class=tokenizer,
                 peft_config=peft_config,
             )
-        elif method.trainer == "ppo":  # PPO-RLHF with its value model
+        elif method.trainer == "ppo":  # PPO-RLHF with its value model: PPORLHFTrainer
             trainer = PPORLHFMonitoredTrainer(
                 model=model_args.model_name_or_path,
                 reward_funcs=reward_funcs,
