@@ -1,13 +1,15 @@
-"""The import graph of the checkout's packages (the library ``rgpo_trl``, ``recipes``, the lab ``rgpo_lab``
-and ``mujoco_baselines``), read statically from the source: no cycle anywhere, and the layering holds.
+"""The import graph of the checkout's packages (the library ``rgpo_trl``, ``recipes``, the lab ``rgpo_lab``,
+``mujoco_baselines`` and ``atari_baselines``), read statically from the source: no cycle anywhere, and the
+layering holds.
 
 Every ``import`` / ``from ... import`` statement counts, wherever it is (module level, inside a function,
 under ``if TYPE_CHECKING``); relative imports are resolved, and ``from pkg import name`` where ``pkg.name`` is
 a module counts as importing that module. A cycle is looked for at every depth of the package tree: between
 modules, and between the packages they collapse to (``recipes.hh_rlhf`` -> ``recipes.tiny_hh`` ->
 ``recipes.hh_rlhf`` is a cycle between the two packages even when no module cycle closes it), up to the
-top-level packages themselves. Layers: ``rgpo_trl`` imports none of the other packages; ``recipes`` does not
-import the lab; inside ``recipes``, `RECIPE_LAYERS` in order (a layer imports only the ones before it)."""
+top-level packages themselves. Layers: ``rgpo_trl`` imports none of the other packages; the baselines'
+single-file scripts import only the library; ``recipes`` does not import the lab; inside ``recipes``,
+`RECIPE_LAYERS` in order (a layer imports only the ones before it)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rgpo_trl", "recipes", "rgpo_lab", "mujoco_baselines")
+PACKAGES = ("rgpo_trl", "recipes", "rgpo_lab", "mujoco_baselines", "atari_baselines")
 RECIPE_LAYERS = ("recipes.hh_common", "recipes.tiny_hh", "recipes.hh_rlhf", "recipes.hh_rlhf_qwen")
 
 Edges = dict[str, dict[str, str]]  # module -> {imported module: "file:line" of the first such import}
@@ -180,6 +182,12 @@ def test_no_import_cycle(graph):
 def test_the_library_imports_only_itself(graph):
     outside = imports_of(graph, "rgpo_trl", [p for p in PACKAGES if p != "rgpo_trl"])
     assert not outside, "rgpo_trl imports outside the library:\n" + "\n".join(outside)
+
+
+@pytest.mark.parametrize("baselines", ["mujoco_baselines", "atari_baselines"])
+def test_the_baselines_import_only_the_library(graph, baselines):
+    outside = imports_of(graph, baselines, [p for p in PACKAGES if p not in ("rgpo_trl", baselines)])
+    assert not outside, f"{baselines} imports outside the library:\n" + "\n".join(outside)
 
 
 def test_recipes_do_not_import_the_lab(graph):
