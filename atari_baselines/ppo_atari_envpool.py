@@ -128,8 +128,13 @@ if __name__ == "__main__":
             raise ValueError(f"total_timesteps must be >= {batch}, got {args.total_timesteps}")
         if args.num_minibatches < 1 or args.batch_size % args.num_minibatches:
             raise ValueError(f"num_minibatches must divide {batch}, got {args.num_minibatches}")
-        is_atari = args.env_id in envpool.list_all_envs()  # the Atari ids' spec is AtariEnvSpec
-        if not is_atari or type(envpool.make_spec(args.env_id)).__name__ != "AtariEnvSpec":
+        if args.torch_threads < 1 or args.env_threads < 0:
+            raise ValueError(
+                f"torch_threads must be >= 1 and env_threads >= 0 (0: envpool's default), got "
+                f"{args.torch_threads} and {args.env_threads}"
+            )
+        known = args.env_id in envpool.list_all_envs()  # envpool spells its Atari games' spec AtariEnvSpec
+        if not known or type(envpool.make_spec(args.env_id)).__name__ != "AtariEnvSpec":
             raise ValueError(
                 f"env_id must be an envpool Atari id (e.g. Breakout-v5, Pong-v5), got {args.env_id!r}"
             )

@@ -149,6 +149,11 @@ if __name__ == "__main__":
             raise ValueError(f"total_timesteps must be >= {batch}, got {args.total_timesteps}")
         if args.num_minibatches < 1 or args.batch_size % args.num_minibatches:
             raise ValueError(f"num_minibatches must divide {batch}, got {args.num_minibatches}")
+        if args.torch_threads < 1 or args.env_threads < 0:
+            raise ValueError(
+                f"torch_threads must be >= 1 and env_threads >= 0 (0: envpool's default), got "
+                f"{args.torch_threads} and {args.env_threads}"
+            )
         gate = rgpo_trl.make_gate(args.gate, **args.gate_params)
         kl_ctl = rgpo_trl.make_kl_controller(
             args.kl_controller,
@@ -157,8 +162,8 @@ if __name__ == "__main__":
             kl_coef_min=args.kl_coef_min,
             kl_coef_max=args.kl_coef_max,
         )
-        is_atari = args.env_id in envpool.list_all_envs()  # the Atari ids' spec is AtariEnvSpec
-        if not is_atari or type(envpool.make_spec(args.env_id)).__name__ != "AtariEnvSpec":
+        known = args.env_id in envpool.list_all_envs()  # envpool spells its Atari games' spec AtariEnvSpec
+        if not known or type(envpool.make_spec(args.env_id)).__name__ != "AtariEnvSpec":
             raise ValueError(
                 f"env_id must be an envpool Atari id (e.g. Breakout-v5, Pong-v5), got {args.env_id!r}"
             )

@@ -199,6 +199,7 @@ def test_short_runs_write_cleanrls_metrics_and_step_the_kl_controller_once_per_i
             "total_timesteps must be >= num_envs * num_steps = 1024, got 100",
         ),
         ("ppo", ["--num-minibatches", "3"], "num_minibatches must divide num_envs * num_steps = 1024, got 3"),
+        ("ppo", ["--env-threads", "-1"], "env_threads >= 0 (0: envpool's default), got 1 and -1"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_no_run_folder(method, flags, needle, tmp_path):
