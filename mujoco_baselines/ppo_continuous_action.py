@@ -224,6 +224,7 @@ if __name__ == "__main__":
     args.minibatch_size = args.batch_size // max(args.num_minibatches, 1)
     args.num_iterations = args.total_timesteps // args.batch_size
     try:  # a bad input stops here, in one line naming the field, before anything is written
+        gym.spec(args.env_id)  # the environment first: a wrong name is the error to fix
         if args.num_iterations < 1:
             raise ValueError(
                 f"total_timesteps must be >= num_steps ({args.num_steps}), got {args.total_timesteps}"
@@ -258,6 +259,11 @@ if __name__ == "__main__":
         sys.exit(f"error: env_id: {err}")
     except ValueError as err:
         sys.exit(f"error: {err}")
+    if args.total_timesteps % args.num_steps:  # iterations are whole rollouts
+        print(
+            f"total_timesteps {args.total_timesteps} is not a multiple of num_steps {args.num_steps}: "
+            f"running {args.num_iterations} iterations = {args.num_iterations * args.num_steps} steps"
+        )
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(f"runs/{run_name}")
     writer.add_text(

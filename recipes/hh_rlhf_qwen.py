@@ -61,6 +61,7 @@ from recipes.hh_rlhf.runtime import (  # noqa: E402
     init_distributed_for_cpu_deepspeed,
     model_init_kwargs,
     place_reward_model,
+    set_cpu_threads,
     setup_logging,
     verbose_console,
 )
@@ -96,6 +97,7 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
     from recipes.hh_rlhf.trainers import GRPOMonitoredTrainer, PPORLHFMonitoredTrainer, RGPOMonitoredTrainer
     from rgpo_trl.trainer import optimizer_steps_per_iteration
 
+    set_cpu_threads(script_args.cpu_threads, training_args)
     resolve_tiny_assets(script_args, model_args)
     setup_logging(training_args)
     if plain_output_when_piped():  # a log file gets plain lines, no progress-bar frames

@@ -35,6 +35,12 @@ def _run(args, cwd, env=ENV):
         ("ppo", ["--kl-target", "0.05"], "kl_target only take effect with --kl-penalty"),
         ("awr", ["--env-id", "CartPole-v1"], "env_id 'CartPole-v1' has a Discrete action space"),
         ("trpo", ["--eval-episodes", "-1"], "eval_episodes must be an integer >= 0"),
+        # the environment id and the gate are checked before the step count: the first error is the real one
+        ("rgpo", ["--env-id", "Hoper-v4", "--total-timesteps", "1000"], "Did you mean: `Hopper`?"),
+        ("rgpo", ["--gate", "nope", "--total-timesteps", "1000"], "gate must be one of the registered gates"),
+        ("ppo", ["--env-id", "Hopper-v9", "--total-timesteps", "1000"], "version `v9` for environment"),
+        ("trpo", ["--env-id", "Hoper-v4", "--total-timesteps", "1000"], "Did you mean: `Hopper`?"),
+        ("awr", ["--env-id", "Hoper-v4", "--total-timesteps", "1000"], "Did you mean: `Hopper`?"),
     ],
 )
 def test_mujoco_script_bad_input_is_one_line_and_leaves_no_run_folder(method, flags, needle, tmp_path):
@@ -47,6 +53,21 @@ def test_mujoco_script_bad_input_is_one_line_and_leaves_no_run_folder(method, fl
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stdout + r.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("method", ["ppo", "rgpo", "trpo", "awr"])
+def test_mujoco_script_says_how_many_steps_will_run(method, tmp_path):
+    """Iterations are whole rollouts: 600 steps of 256-step rollouts run 512, and the first line says so."""
+    pytest.importorskip("mujoco")
+    script = str(ROOT / "mujoco_baselines" / f"{method}_continuous_action.py")
+    flags = ["--env-id", "Hopper-v4", "--total-timesteps", "600", "--num-steps", "256"]
+    flags += ["--eval-episodes", "0"]
+    r = _run([script, *flags], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    first = r.stdout.splitlines()[0]
+    assert first == "total_timesteps 600 is not a multiple of num_steps 256: running 2 iterations = 512 steps"
+    exact = _run([script, *flags[:2], "--total-timesteps", "256", *flags[4:]], tmp_path)
+    assert exact.returncode == 0 and "not a multiple" not in exact.stdout  # nothing to say
 
 
 RUNNER_ENV = {**ENV, "PYTHONPATH": str(ROOT)}  # the lab runner is a module of the checkout's lab
@@ -166,6 +187,16 @@ def test_mujoco_closing_line_says_the_run_was_lagged(tmp_path):
             ["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--max_completion_length", "0"],
             "max_completion_length must be an integer >= 1, got 0",
         ),
+        (
+            ["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--cpu_threads", "0"],
+            "cpu_threads must be an integer >= 1 (or unset), got 0",
+        ),
+        # a misspelled option gets the field it is closest to; one far from every field gets none
+        (
+            ["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--learnig_rate", "1e-4", "--zzz", "1"],
+            "--learnig_rate (did you mean --learning_rate?), --zzz: not a field of the recipe or of "
+            "RGPOConfig",
+        ),
     ],
 )
 def test_recipe_bad_input_is_one_line(flags, needle, tmp_path):
@@ -176,6 +207,48 @@ def test_recipe_bad_input_is_one_line(flags, needle, tmp_path):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stdout + r.stderr and not out.exists()
+
+
+def test_recipe_misspelled_yaml_key_gets_a_suggestion(tmp_path):
+    preset = (ROOT / "recipes" / "configs" / "hh_rlhf_tiny.yaml").read_text()
+    assert "\nlearning_rate:" in preset
+    (tmp_path / "typo.yaml").write_text(preset.replace("\nlearning_rate:", "\nlearnig_rate:"))
+    out = tmp_path / "out"
+    offline = {**ENV, "HF_HUB_OFFLINE": "1"}
+    argv = [str(ROOT / "recipes" / "hh_rlhf_qwen.py"), "--config", str(tmp_path / "typo.yaml")]
+    r = _run([*argv, "--output_dir", str(out)], ROOT, offline)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "error: learnig_rate (did you mean learning_rate?): in the config file, but not a field of the "
+        "recipe or of RGPOConfig (--debug shows the traceback)"
+    ], r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("quiet", [True, False], ids=["launch_-q", "launch"])
+def test_recipe_error_through_accelerate_launch(quiet, tmp_path):
+    """The documented one-process command, ``accelerate launch -q``: the recipe's line and a non-zero exit,
+    nothing of accelerate's; without -q accelerate appends its own traceback of the child's exit (why the
+    docs say -q and `make demo` runs the recipe with plain python)."""
+    launch = ["-m", "accelerate.commands.launch", *(["-q"] if quiet else [])]
+    launch += [
+        "--config_file",
+        "recipes/accelerate_configs/cpu.yaml",
+        str(ROOT / "recipes" / "hh_rlhf_qwen.py"),
+    ]
+    args = ["--config", "recipes/configs/hh_rlhf_tiny.yaml", "--learning_rate", "-1"]
+    r = _run([*launch, *args, "--output_dir", str(tmp_path / "out")], ROOT, {**ENV, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 1, r.stderr[-2000:]  # accelerate's status for a failed child
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines[0] == (
+        "error: learning_rate must be a finite number > 0, got -1.0 (--debug shows the traceback)"
+    ), r.stderr
+    if quiet:
+        assert len(lines) == 1 and "Traceback" not in r.stdout + r.stderr, r.stderr
+    else:
+        assert "CalledProcessError" in r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")

@@ -186,6 +186,15 @@ class HHScriptArguments(ScriptArguments):
             "counterpart of the online methods' window (summary.json); default: heldout_prompts."
         },
     )
+    cpu_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch threads per process on a CPU run (use_cpu or no GPU), set at the start; the "
+            "demo's preset (hh_rlhf_tiny.yaml) sets 1 (its models are too small to share out, and extra "
+            "threads slow a busy machine down). Default: torch's own (OMP_NUM_THREADS, accelerate launch's "
+            "--num_cpu_threads_per_process)."
+        },
+    )
 
 
 @dataclass

@@ -23,6 +23,7 @@ line by `rgpo_trl.cli`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -190,14 +191,16 @@ def _parse_and_check(argv: list[str], check_hub: bool, config_dir: Path) -> tupl
     _refuse_abbreviations(from_cli, _option_strings(parser))
     _check_early_settings(early, script_args, model_args)
     unknown = [s for s in from_cli if s.startswith("--")]
+    fields_known = [action.dest for action in parser._actions if action.dest != "help"]
     if unknown and method.online:  # an offline method reads some generation settings itself (below)
         raise ValueError(
-            f"{', '.join(unknown)}: not a field of the recipe or of {method.config_class.__name__}"
+            f"{_with_suggestions(unknown, fields_known, '--')}: not a field of the recipe or of "
+            f"{method.config_class.__name__}"
         )
     if from_preset and early.trainer == "sync" and method.online:
         raise ValueError(
-            f"{', '.join(from_preset[::2])}: in the config file, but not a field of the recipe or of "
-            f"{method.config_class.__name__}"
+            f"{_with_suggestions(from_preset[::2], fields_known, '')}: in the config file, but not a field "
+            f"of the recipe or of {method.config_class.__name__}"
         )
     script_args.unused_preset_settings = _unused(from_preset + from_cli)
     _check_recipe_fields(script_args, training_args, model_args)
@@ -277,6 +280,17 @@ def _argparse_errors() -> Iterator[None]:
         raise ValueError(f"{err.argument_name}: {err.message}") from err
 
 
+def _with_suggestions(names: Iterable[str], known: list[str], prefix: str) -> str:
+    """``names`` (``--learnig_rate``) as ``prefix + name``, each followed by "(did you mean ...?)" when a
+    known field is spelled closely enough to be the one meant."""
+    out = []
+    for name in names:
+        bare = name.lstrip("-").split("=", 1)[0].replace("-", "_")
+        close = difflib.get_close_matches(bare, known, n=1, cutoff=0.75)
+        out.append(prefix + bare + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
+    return ", ".join(out)
+
+
 def _unused(rest: list[str]) -> dict[str, str]:
     """The ``--name value`` pairs the parser left over, as {name: value}."""
     return dict(zip([k.lstrip("-") for k in rest[::2]], rest[1::2], strict=True))
@@ -293,6 +307,8 @@ def _check_recipe_fields(script_args, training_args, model_args) -> None:
         raise ValueError(
             f"validation_prompts must be >= 0 (0 disables), got {script_args.validation_prompts}"
         )
+    if script_args.cpu_threads is not None and script_args.cpu_threads < 1:
+        raise ValueError(f"cpu_threads must be an integer >= 1 (or unset), got {script_args.cpu_threads}")
     if script_args.tiny_version not in (2, 3):
         raise ValueError(f"tiny_version must be 2 or 3, got {script_args.tiny_version!r}")
     if training_args.push_to_hub:

@@ -29,6 +29,13 @@ def init_distributed_for_cpu_deepspeed() -> bool:
     return True
 
 
+def set_cpu_threads(cpu_threads: int | None, training_args) -> None:
+    """``--cpu_threads`` on a CPU run: the preset's thread count, whatever the launcher (plain ``python`` or
+    ``accelerate launch`` without ``--num_cpu_threads_per_process``); None leaves torch's."""
+    if cpu_threads is not None and (training_args.use_cpu or not torch.cuda.is_available()):
+        torch.set_num_threads(cpu_threads)
+
+
 def setup_logging(training_args) -> None:
     """The recipe logs through `logging` (``[rgpo-trl] ...`` on the main process); transformers and TRL at the
     run's ``--log_level``; their deprecation notices about gradient checkpointing, a feature the recipe never
