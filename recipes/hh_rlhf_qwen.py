@@ -8,17 +8,18 @@ Presets are YAML files in ``recipes/configs/`` passed with ``--config``, as for 
   256 prompt / 256 completion tokens, 400 iterations, window 300-400, bf16. Needs GPUs and the hub (or
   local copies: pass paths instead of ids)::
 
-      accelerate launch --config_file recipes/accelerate_configs/single_gpu.yaml \\
+      accelerate launch -q --config_file recipes/accelerate_configs/single_gpu.yaml \\
           recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_paper.yaml --method rgpo --seed 1
 
 * ``hh_rlhf_tiny.yaml``: the embedded offline default, the same recipe on CPU on the tiny-HH world
   (``world: tiny``; ``tiny-hh/<asset>`` paths are built once and cached, see `recipes.tiny_hh`)::
 
-      accelerate launch --config_file recipes/accelerate_configs/cpu.yaml --num_cpu_threads_per_process 1 \\
-          recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_tiny.yaml
+      python recipes/hh_rlhf_qwen.py --config recipes/configs/hh_rlhf_tiny.yaml
 
-  (one torch thread per process, as ``make demo`` runs it: 47 s against 8.8 min with two threads on a loaded
-  2-core machine, results/benchmarks/demo_timing.md.)
+  (one CPU process needs no launcher: ``make demo`` runs it so, and the recipe's one-line errors keep their
+  exit status; ``accelerate launch -q`` works too, without ``-q`` accelerate adds its own traceback. The
+  preset's ``cpu_threads: 1`` keeps it on one torch thread whatever the launcher; times in
+  results/benchmarks/demo_timing.md.)
 
 * ``hh_rlhf_tiny_paper.yaml``: the paper's protocol (400 iterations) in the tiny world.
 * ``hh_rlhf_tiny_paper_v3.yaml``: the same protocol in the tiny world v3, whose validation and test questions
