@@ -323,3 +323,27 @@ def test_no_option_of_any_methods_parser_abbreviates_an_early_setting():
     assert early <= options
     assert not [o for o in options for e in early if e.startswith(o) and e != o]
     assert all(not parser.allow_abbrev for parser in parsers)
+
+
+def test_the_tiny_presets_cpu_threads_is_set_on_a_cpu_run_only(tmp_path, monkeypatch):
+    """The demo's preset asks for one torch thread (cpu_threads: 1), the command line overrides it, and it is
+    applied on a CPU run whatever the launcher; a GPU run keeps torch's threads."""
+    import torch
+
+    from recipes.hh_rlhf import runtime
+
+    script_args, training_args, _ = parse_recipe_args(
+        ["--config", TINY, "--output_dir", str(tmp_path)], check_hub=False
+    )
+    assert script_args.cpu_threads == 1 and training_args.use_cpu
+    given, _, _ = parse_recipe_args(
+        ["--config", TINY, "--output_dir", str(tmp_path), "--cpu_threads", "2"], check_hub=False
+    )
+    assert given.cpu_threads == 2
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    runtime.set_cpu_threads(script_args.cpu_threads, training_args)
+    runtime.set_cpu_threads(None, training_args)  # unset: torch's own
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    runtime.set_cpu_threads(3, SimpleNamespace(use_cpu=False))  # a GPU run
+    assert calls == [1]
