@@ -4,4 +4,4 @@ update, logging) and importing from the library only the loss, the gates and the
 is shared between them: this file only makes the directory installable, so that ``python -m
 mujoco_baselines.rgpo_continuous_action`` works from an installed wheel as ``python
 mujoco_baselines/rgpo_continuous_action.py`` does from a checkout. The lab's runner of the same algorithms
-(checkpoints, --compile, the grid) is rgpo_lab.mujoco_runner."""
+(checkpoints, the grid) is rgpo_lab.mujoco_runner."""

@@ -2,7 +2,8 @@
 loss -mean(min(exp(A / beta), max_weight) * log pi(a|s)), one file in CleanRL's structure."""
 
 # docs: mujoco_baselines/README.md and docs/mujoco.md. The lab's runner of the same algorithm (checkpoints,
-# --compile, the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
+# the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
+import functools
 import math
 import os
 import random
@@ -71,6 +72,9 @@ class Args:
     """the maximum norm for the gradient clipping (<= 0 disables)"""
     hidden_size: int = 256
     """width of the two-layer tanh networks (the paper's 256; CleanRL's 64)"""
+    compile: bool = False
+    """the fast path: each mini-batch update as one torch.compile'd function and the rollout's policy mean in
+    numpy (needs a C++ compiler; the same algorithm, other float rounding)"""
 
     # AWR specific
     awr_beta: float = 1.0
@@ -187,6 +191,134 @@ class Agent(nn.Module):
         return self.actor_logstd.sum() + 0.5 * self.actor_logstd.numel() * (1.0 + math.log(2 * math.pi))
 
 
+def minibatch_loss(agent, mb_obs, mb_actions, mb_advantages, mb_oldlogprobs, mb_returns, mb_values, args):
+    """one mini-batch's loss and what the statistics need: (loss, (new log-probs, policy loss, value loss,
+    (KL to the policy that collected, the weights' ESS, clipped fraction and maximum)))"""
+    newlogprob = agent.log_prob(agent.actor_mean(mb_obs), mb_actions)
+    newvalue = agent.critic(mb_obs).squeeze(-1)
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss: the advantage-weighted log-likelihood
+    with torch.no_grad():
+        raw_weights = torch.exp((mb_advantages / args.awr_beta).clamp(max=50.0))
+        weights = raw_weights.clamp(max=args.awr_max_weight)
+    pg_loss = -(weights * newlogprob).mean()
+    with torch.no_grad():  # KL to the policy that collected, and the weights' ESS
+        approx_kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(newlogprob - mb_oldlogprobs)).mean()
+        ess = rgpo_trl.effective_sample_size(weights)
+        clipfrac = (raw_weights > args.awr_max_weight).float().mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.vclip_coef, args.vclip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
+    return loss, (newlogprob, pg_loss, v_loss, (approx_kl, ess, clipfrac, weights.max()))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# --compile, the fast path (LeanRL's way, in this file). The eager mini-batch step (backward, clip_grad_norm_,
+# Adam's step) is hundreds of small operator calls, each costing more than its arithmetic at this width; here
+# the same step is one pure function, torch.func's gradient of the mini-batch loss above, then the clip and
+# torch's Adam written out, that torch.compile turns into a few kernels updating the parameters and Adam's
+# state in place. The rollout's policy mean runs in numpy on views of the same weights. The same algorithm;
+# the floats round differently from the eager path. Equal bit for bit to the lab runner's --compile
+# (tests/test_mujoco_script_compile.py); speed: results/benchmarks/script_compile.md.
+# ------------------------------------------------------------------------------------------------------------
+def require_cpp_compiler():
+    """stop at start-up, in one line, when torch.compile's CPU backend has no C++ compiler"""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as err:  # a private helper: its location or errors may change between torch versions
+        sys.exit(f"error: compile: torch.compile needs a C++ compiler ({err}); install g++ or run without it")
+
+
+def numpy_policy_mean(actor):
+    """actor.actor_mean as numpy on views of its weights (they follow every in-place update)"""
+    (w0, b0), (w1, b1), (w2, b2) = [
+        (m.weight.detach().numpy(), m.bias.detach().numpy()) for m in actor.actor_mean[::2]
+    ]
+    return lambda x: w2 @ np.tanh(w1 @ np.tanh(w0 @ x + b0) + b1) + b2
+
+
+class LossModule(nn.Module):
+    """loss_fn(agent, *batch) as a module, so torch.func.functional_call can substitute its parameters"""
+
+    def __init__(self, agent, loss_fn):
+        super().__init__()
+        self.agent, self.loss_fn = agent, loss_fn
+
+    def forward(self, *batch):
+        return self.loss_fn(self.agent, *batch)
+
+
+def compiled_update(agent, optimizer, loss_fn, max_grad_norm):
+    """-> step(*batch) -> (loss, aux): loss, aux = loss_fn(agent, *batch); loss.backward();
+    clip_grad_norm_(max_grad_norm); optimizer.step(), as one compiled function (Adam: one group, no weight
+    decay); the learning rate is read from the optimizer at every call"""
+    module = LossModule(agent, loss_fn)
+    (group,) = optimizer.param_groups
+    params = group["params"]
+    by_id = {id(p): name for name, p in module.named_parameters()}
+    names = [by_id[id(p)] for p in params]
+    (beta1, beta2), eps = group["betas"], group["eps"]
+
+    def pure_step(params, exp_avgs, exp_avg_sqs, steps, step_size, bc2_sqrt, *batch):
+        def loss_of(p):
+            loss, aux = torch.func.functional_call(module, p, batch, strict=False, tie_weights=False)
+            return loss, (loss, aux)
+
+        with torch.enable_grad():
+            grads, (loss, aux) = torch.func.grad(loss_of, has_aux=True)(dict(zip(names, params, strict=True)))
+        grads = [grads[n] for n in names]
+        if max_grad_norm > 0:  # nn.utils.clip_grad_norm_
+            norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
+            )
+            grads = [g * torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0) for g in grads]
+        for p, g, m, v, s in zip(
+            params, grads, exp_avgs, exp_avg_sqs, steps, strict=True
+        ):  # torch.optim.Adam
+            s.add_(1.0)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(step_size * m / ((v.sqrt() / bc2_sqrt) + eps))
+        return loss.detach(), aux
+
+    pure_step = torch.compile(pure_step, fullgraph=True)
+
+    def step(*batch):
+        for p in params:  # Adam's state, created as torch.optim.Adam creates it
+            if not optimizer.state[p]:
+                optimizer.state[p] = {
+                    "step": torch.tensor(0.0),
+                    "exp_avg": torch.zeros_like(p),
+                    "exp_avg_sq": torch.zeros_like(p),
+                }
+        states = [optimizer.state[p] for p in params]
+        k = float(states[0]["step"]) + 1.0  # the bias corrections in Python floats, as torch.optim.Adam
+        with torch.no_grad():
+            return pure_step(
+                [p.detach() for p in params],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [s["step"] for s in states],
+                torch.tensor(group["lr"] / (1.0 - beta1**k)),
+                torch.tensor((1.0 - beta2**k) ** 0.5),
+                *batch,
+            )
+
+    return step
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args, description=__doc__)
     args.batch_size = args.num_steps
@@ -232,6 +364,11 @@ if __name__ == "__main__":
 
     agent = Agent(env.obs_dim, env.act_dim, args.hidden_size)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    if args.compile:  # --compile: the update step compiled once, the rollout's policy mean in numpy
+        require_cpp_compiler()
+        loss_fn = functools.partial(minibatch_loss, args=args)
+        update_step = compiled_update(agent, optimizer, loss_fn, args.max_grad_norm)
+        policy_mean = numpy_policy_mean(agent)
 
     # storage: one environment; rewards, dones and GAE in float64
     obs = torch.zeros((args.num_steps, env.obs_dim))
@@ -257,7 +394,10 @@ if __name__ == "__main__":
                 global_step += 1
                 obs[step] = torch.as_tensor(next_obs)
                 dones[step] = next_done
-                action = agent.actor_mean(obs[step]) + scaled_noise[step]
+                if args.compile:
+                    action = torch.from_numpy(policy_mean(obs[step].numpy()) + scaled_noise[step].numpy())
+                else:
+                    action = agent.actor_mean(obs[step]) + scaled_noise[step]
                 actions[step] = action
                 next_obs, rewards[step], next_done, episode = env.step(action.numpy())
                 if episode is not None:
@@ -286,48 +426,23 @@ if __name__ == "__main__":
         pg_losses, v_losses, old_approx_kls, approx_kls, esss, clipfracs, weight_maxs = ([] for _ in range(7))
         for epoch in range(args.update_epochs):
             for mb_inds in torch.randperm(args.batch_size).split(args.minibatch_size):
-                newlogprob = agent.log_prob(agent.actor_mean(obs[mb_inds]), actions[mb_inds])
-                newvalue = agent.critic(obs[mb_inds]).squeeze(-1)
-                mb_advantages = b_advantages[mb_inds]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                # Policy loss: the advantage-weighted log-likelihood
-                with torch.no_grad():
-                    raw_weights = torch.exp((mb_advantages / args.awr_beta).clamp(max=50.0))
-                    weights = raw_weights.clamp(max=args.awr_max_weight)
-                pg_loss = -(weights * newlogprob).mean()
-                with torch.no_grad():  # KL to the policy that collected, and the weights' ESS
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    approx_kls.append(
-                        rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean().item()
-                    )
-                    old_approx_kls.append((-logratio).mean().item())
-                    esss.append(rgpo_trl.effective_sample_size(weights).item())
-                    clipfracs.append((raw_weights > args.awr_max_weight).float().mean().item())
-                    weight_maxs.append(weights.max().item())
-
-                # Value loss
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(
-                        newvalue - b_values[mb_inds], -args.vclip_coef, args.vclip_coef
-                    )
-                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                mb = (obs, actions, b_advantages, b_logprobs, b_returns, b_values)
+                mb = tuple(t[mb_inds] for t in mb)
+                if args.compile:  # the loss, its gradient, the clip and Adam's step in one compiled call
+                    loss, (newlogprob, pg_loss, v_loss, mb_stats) = update_step(*mb)
                 else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
+                    loss, (newlogprob, pg_loss, v_loss, mb_stats) = minibatch_loss(agent, *mb, args)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    if args.max_grad_norm > 0:
+                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
                 if not torch.isfinite(loss):
                     sys.exit(f"error: non-finite loss at iteration {iteration}, epoch {epoch}: stopping")
 
-                optimizer.zero_grad()
-                loss.backward()
-                if args.max_grad_norm > 0:
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-
+                for stat, value in zip((approx_kls, esss, clipfracs, weight_maxs), mb_stats, strict=True):
+                    stat.append(value.item())
+                old_approx_kls.append((b_logprobs[mb_inds] - newlogprob).mean().item())
                 pg_losses.append(pg_loss.item())
                 v_losses.append(v_loss.item())
         approx_kl = float(np.mean(approx_kls))

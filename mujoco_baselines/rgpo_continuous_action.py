@@ -3,8 +3,9 @@ acceptance gate g(r) and an adaptive KL-to-old penalty. One file in CleanRL's st
 and the KL controller are rgpo_trl's."""
 
 # docs: mujoco_baselines/README.md and docs/mujoco.md. The lab's runner of the same algorithm (checkpoints,
-# --compile, the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
+# the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
 import copy
+import functools
 import math
 import os
 import random
@@ -74,6 +75,9 @@ class Args:
     """the maximum norm for the gradient clipping (<= 0 disables)"""
     hidden_size: int = 256
     """width of the two-layer tanh networks (the paper's 256; CleanRL's 64)"""
+    compile: bool = False
+    """the fast path: each mini-batch update as one torch.compile'd function and the rollout's policy mean in
+    numpy (needs a C++ compiler; the same algorithm, other float rounding)"""
 
     # RGPO specific (paper Sec. 5; Ablation A for the gates)
     gate: str = "sigmoid"
@@ -226,6 +230,150 @@ def make_classifier(in_dim, h=64):
     return nn.Sequential(*layers, layer_init(nn.Linear(h, 1), std=1.0))
 
 
+def minibatch_loss(
+    agent,
+    mb_obs,
+    mb_actions,
+    mb_advantages,
+    mb_oldlogprobs,
+    mb_returns,
+    mb_values,
+    mb_weights,
+    beta,
+    gate,
+    args,
+    mb_alpha=None,
+):
+    """one mini-batch's loss and what the statistics need: (loss, (new log-probs, policy loss, value loss));
+    `mb_weights`: the decoupled objective's weights or None, `beta`: the KL-to-old coefficient, `mb_alpha`:
+    the acceptance classifier's alpha (detached) or None"""
+    newlogprob = agent.log_prob(agent.actor_mean(mb_obs), mb_actions)
+    newvalue = agent.critic(mb_obs).squeeze(-1)
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss: -mean(w g(r) A) + beta * mean(r - 1 - log r), r = pi / pi_old (the library's)
+    pg_loss, _ = rgpo_trl.rgpo_loss(
+        newlogprob,
+        mb_oldlogprobs,
+        mb_advantages,
+        gate,
+        kl_coef=beta,
+        weights=mb_weights,
+        acceptance=mb_alpha,
+        diagnostics=False,
+    )
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.vclip_coef, args.vclip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
+    return loss, (newlogprob, pg_loss, v_loss)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# --compile, the fast path (LeanRL's way, in this file). The eager mini-batch step (backward, clip_grad_norm_,
+# Adam's step) is hundreds of small operator calls, each costing more than its arithmetic at this width; here
+# the same step is one pure function, torch.func's gradient of the mini-batch loss above, then the clip and
+# torch's Adam written out, that torch.compile turns into a few kernels updating the parameters and Adam's
+# state in place. The rollout's policy mean runs in numpy on views of the same weights. The same algorithm;
+# the floats round differently from the eager path. Equal bit for bit to the lab runner's --compile
+# (tests/test_mujoco_script_compile.py); speed: results/benchmarks/script_compile.md.
+# ------------------------------------------------------------------------------------------------------------
+def require_cpp_compiler():
+    """stop at start-up, in one line, when torch.compile's CPU backend has no C++ compiler"""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as err:  # a private helper: its location or errors may change between torch versions
+        sys.exit(f"error: compile: torch.compile needs a C++ compiler ({err}); install g++ or run without it")
+
+
+def numpy_policy_mean(actor):
+    """actor.actor_mean as numpy on views of its weights (they follow every in-place update)"""
+    (w0, b0), (w1, b1), (w2, b2) = [
+        (m.weight.detach().numpy(), m.bias.detach().numpy()) for m in actor.actor_mean[::2]
+    ]
+    return lambda x: w2 @ np.tanh(w1 @ np.tanh(w0 @ x + b0) + b1) + b2
+
+
+class LossModule(nn.Module):
+    """loss_fn(agent, *batch) as a module, so torch.func.functional_call can substitute its parameters"""
+
+    def __init__(self, agent, loss_fn):
+        super().__init__()
+        self.agent, self.loss_fn = agent, loss_fn
+
+    def forward(self, *batch):
+        return self.loss_fn(self.agent, *batch)
+
+
+def compiled_update(agent, optimizer, loss_fn, max_grad_norm):
+    """-> step(*batch) -> (loss, aux): loss, aux = loss_fn(agent, *batch); loss.backward();
+    clip_grad_norm_(max_grad_norm); optimizer.step(), as one compiled function (Adam: one group, no weight
+    decay); the learning rate is read from the optimizer at every call"""
+    module = LossModule(agent, loss_fn)
+    (group,) = optimizer.param_groups
+    params = group["params"]
+    by_id = {id(p): name for name, p in module.named_parameters()}
+    names = [by_id[id(p)] for p in params]
+    (beta1, beta2), eps = group["betas"], group["eps"]
+
+    def pure_step(params, exp_avgs, exp_avg_sqs, steps, step_size, bc2_sqrt, *batch):
+        def loss_of(p):
+            loss, aux = torch.func.functional_call(module, p, batch, strict=False, tie_weights=False)
+            return loss, (loss, aux)
+
+        with torch.enable_grad():
+            grads, (loss, aux) = torch.func.grad(loss_of, has_aux=True)(dict(zip(names, params, strict=True)))
+        grads = [grads[n] for n in names]
+        if max_grad_norm > 0:  # nn.utils.clip_grad_norm_
+            norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
+            )
+            grads = [g * torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0) for g in grads]
+        for p, g, m, v, s in zip(
+            params, grads, exp_avgs, exp_avg_sqs, steps, strict=True
+        ):  # torch.optim.Adam
+            s.add_(1.0)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(step_size * m / ((v.sqrt() / bc2_sqrt) + eps))
+        return loss.detach(), aux
+
+    pure_step = torch.compile(pure_step, fullgraph=True)
+
+    def step(*batch):
+        for p in params:  # Adam's state, created as torch.optim.Adam creates it
+            if not optimizer.state[p]:
+                optimizer.state[p] = {
+                    "step": torch.tensor(0.0),
+                    "exp_avg": torch.zeros_like(p),
+                    "exp_avg_sq": torch.zeros_like(p),
+                }
+        states = [optimizer.state[p] for p in params]
+        k = float(states[0]["step"]) + 1.0  # the bias corrections in Python floats, as torch.optim.Adam
+        with torch.no_grad():
+            return pure_step(
+                [p.detach() for p in params],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [s["step"] for s in states],
+                torch.tensor(group["lr"] / (1.0 - beta1**k)),
+                torch.tensor((1.0 - beta2**k) ** 0.5),
+                *batch,
+            )
+
+    return step
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args, description=__doc__)
     args.batch_size = args.num_steps
@@ -250,6 +398,8 @@ if __name__ == "__main__":
             raise ValueError(f"classifier_lr must be > 0, got {args.classifier_lr}")
         if args.classifier_lr != Args.classifier_lr and not args.acceptance_classifier:
             raise ValueError("classifier_lr only takes effect with --acceptance-classifier")
+        if args.acceptance_classifier and args.compile:
+            raise ValueError("acceptance_classifier runs eager only: drop --compile")
         kl_ctl = rgpo_trl.make_kl_controller(
             args.kl_controller,
             kl_coef=args.kl_coef,
@@ -293,6 +443,11 @@ if __name__ == "__main__":
     # --policy-lag L: the actor that collects holds the policy weights of L iterations before (a ring of them)
     actor = copy.deepcopy(agent) if args.policy_lag > 0 else agent
     past_policies = deque(maxlen=args.policy_lag + 1)
+    if args.compile:  # --compile: the update step compiled once, the rollout's policy mean in numpy
+        require_cpp_compiler()
+        loss_fn = functools.partial(minibatch_loss, gate=gate, args=args)
+        update_step = compiled_update(agent, optimizer, loss_fn, args.max_grad_norm)
+        policy_mean = numpy_policy_mean(actor)
 
     # storage: one environment; rewards, dones and GAE in float64
     obs = torch.zeros((args.num_steps, env.obs_dim))
@@ -323,7 +478,10 @@ if __name__ == "__main__":
                 global_step += 1
                 obs[step] = torch.as_tensor(next_obs)
                 dones[step] = next_done
-                action = actor.actor_mean(obs[step]) + scaled_noise[step]
+                if args.compile:
+                    action = torch.from_numpy(policy_mean(obs[step].numpy()) + scaled_noise[step].numpy())
+                else:
+                    action = actor.actor_mean(obs[step]) + scaled_noise[step]
                 actions[step] = action
                 next_obs, rewards[step], next_done, episode = env.step(action.numpy())
                 if episode is not None:
@@ -362,6 +520,8 @@ if __name__ == "__main__":
 
         # Optimizing the policy and value network
         beta = float(kl_ctl.kl_coef)  # this iteration's KL-to-old coefficient
+        # the compiled step takes beta as a tensor (a new Python float would compile it again)
+        mb_beta = torch.tensor(beta) if args.compile else beta
         pg_losses, v_losses, old_approx_kls, approx_kls, gate_means, rejected_fracs, esss = (
             [] for _ in range(7)
         )
@@ -370,58 +530,36 @@ if __name__ == "__main__":
             epoch_inds = torch.randperm(args.batch_size).split(args.minibatch_size)
             newlogprobs = []
             for mb_inds in epoch_inds:
-                newlogprob = agent.log_prob(agent.actor_mean(obs[mb_inds]), actions[mb_inds])
-                newvalue = agent.critic(obs[mb_inds]).squeeze(-1)
-                mb_advantages = b_advantages[mb_inds]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
+                mb_weights = None if b_weights is None else b_weights[mb_inds]
                 # --acceptance-classifier: alpha = sigmoid(f_phi(s, a)) as phi stands, then phi's own BCE step
                 mb_alpha = None
                 if classifier is not None:
+                    mb_adv = b_advantages[mb_inds]
+                    if args.norm_adv:  # the advantages the policy loss sees
+                        mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
                     logits = classifier(torch.cat([obs[mb_inds], actions[mb_inds]], -1)).squeeze(-1)
                     mb_alpha = torch.sigmoid(logits.detach())
-                    classifier_loss = rgpo_trl.acceptance_bce(logits, mb_advantages)
+                    classifier_loss = rgpo_trl.acceptance_bce(logits, mb_adv)
                     classifier_optimizer.zero_grad()
                     classifier_loss.backward()
                     classifier_optimizer.step()
-                    g = gate.g(rgpo_trl.clamp_log_ratio(newlogprob.detach() - b_oldlogprobs[mb_inds]))
-                    d = rgpo_trl.acceptance_diagnostics(logits.detach(), mb_advantages, g)
-                    classifier_stats.append([classifier_loss.item(), *(v.item() for v in d.values())])
-
-                # Policy loss: -mean(w g(r) A) + beta * mean(r - 1 - log r), r = pi / pi_old (the library's)
-                mb_weights = None if b_weights is None else b_weights[mb_inds]
-                pg_loss, _ = rgpo_trl.rgpo_loss(
-                    newlogprob,
-                    b_oldlogprobs[mb_inds],
-                    mb_advantages,
-                    gate,
-                    kl_coef=beta,
-                    weights=mb_weights,
-                    acceptance=mb_alpha,
-                    diagnostics=False,
-                )
-
-                # Value loss
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(
-                        newvalue - b_values[mb_inds], -args.vclip_coef, args.vclip_coef
-                    )
-                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                mb = (obs, actions, b_advantages, b_oldlogprobs, b_returns, b_values)
+                mb = (*(t[mb_inds] for t in mb), mb_weights, mb_beta)
+                if args.compile:  # the loss, its gradient, the clip and Adam's step in one compiled call
+                    loss, (newlogprob, pg_loss, v_loss) = update_step(*mb)
                 else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                loss = pg_loss - args.ent_coef * agent.entropy() + args.vf_coef * v_loss
+                    loss, (newlogprob, pg_loss, v_loss) = minibatch_loss(agent, *mb, gate, args, mb_alpha)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    if args.max_grad_norm > 0:
+                        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
                 if not torch.isfinite(loss):
                     sys.exit(f"error: non-finite loss at iteration {iteration}, epoch {epoch}: stopping")
-
-                optimizer.zero_grad()
-                loss.backward()
-                if args.max_grad_norm > 0:
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                if classifier is not None:  # what the classifier decided, against sign(A) and the gate
+                    g = gate.g(rgpo_trl.clamp_log_ratio(newlogprob.detach() - b_oldlogprobs[mb_inds]))
+                    d = rgpo_trl.acceptance_diagnostics(logits.detach(), mb_adv, g)
+                    classifier_stats.append([classifier_loss.item(), *(v.item() for v in d.values())])
 
                 newlogprobs.append(newlogprob.detach())
                 pg_losses.append(pg_loss.item())

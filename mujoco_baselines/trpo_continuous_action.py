@@ -3,7 +3,8 @@
 search that enforces KL <= max_kl), then value-only Adam epochs. One file in CleanRL's structure."""
 
 # docs: mujoco_baselines/README.md and docs/mujoco.md. The lab's runner of the same algorithm (checkpoints,
-# --compile, the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
+# the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
+import functools
 import math
 import os
 import random
@@ -72,6 +73,10 @@ class Args:
     """the maximum norm for the gradient clipping of the value steps (<= 0 disables)"""
     hidden_size: int = 256
     """width of the two-layer tanh networks (the paper's 256; CleanRL's 64)"""
+    compile: bool = False
+    """the fast path: each value mini-batch update as one torch.compile'd function, the Fisher-vector products
+    in closed form and the rollout's policy mean in numpy (needs a C++ compiler; the same algorithm, other
+    float rounding)"""
 
     # TRPO specific
     max_kl: float = 0.01
@@ -261,7 +266,10 @@ def trpo_step(agent, obs, actions, oldlogprob, advantages, args):
     if not torch.isfinite(loss):
         return loss, None, None, None, logp
     grad = flat(torch.autograd.grad(loss, params, retain_graph=True))
-    fvp = fisher_vector_product(kl, params, args.cg_damping)
+    if args.compile:  # the same products in closed form
+        fvp = gauss_newton_fvp(agent, obs, params, args.cg_damping)
+    else:
+        fvp = fisher_vector_product(kl, params, args.cg_damping)
     step_dir = conjugate_gradient(fvp, -grad, args.cg_iters)
     shs = 0.5 * step_dir.dot(fvp(step_dir))
     del fvp, kl, mean  # frees the KL graph before the line search
@@ -280,6 +288,145 @@ def trpo_step(agent, obs, actions, oldlogprob, advantages, args):
             frac *= args.backtrack_coef
         set_flat_(params, old_params)
     return loss.detach(), 0.0, 0.0, args.backtrack_iters, logp
+
+
+def value_minibatch_loss(agent, mb_obs, mb_returns, mb_values, args):
+    """one value mini-batch's loss: (vf_coef * value loss, value loss)"""
+    newvalue = agent.critic(mb_obs).squeeze(-1)
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.vclip_coef, args.vclip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+    return args.vf_coef * v_loss, v_loss
+
+
+# ------------------------------------------------------------------------------------------------------------
+# --compile, the fast path (LeanRL's way, in this file). The eager mini-batch step (backward, clip_grad_norm_,
+# Adam's step) is hundreds of small operator calls, each costing more than its arithmetic at this width; here
+# the same step is one pure function, torch.func's gradient of the mini-batch loss above, then the clip and
+# torch's Adam written out, that torch.compile turns into a few kernels updating the parameters and Adam's
+# state in place. The rollout's policy mean runs in numpy on views of the same weights. The same algorithm;
+# the floats round differently from the eager path. Equal bit for bit to the lab runner's --compile
+# (tests/test_mujoco_script_compile.py); speed: results/benchmarks/script_compile.md.
+# ------------------------------------------------------------------------------------------------------------
+def require_cpp_compiler():
+    """stop at start-up, in one line, when torch.compile's CPU backend has no C++ compiler"""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as err:  # a private helper: its location or errors may change between torch versions
+        sys.exit(f"error: compile: torch.compile needs a C++ compiler ({err}); install g++ or run without it")
+
+
+def numpy_policy_mean(actor):
+    """actor.actor_mean as numpy on views of its weights (they follow every in-place update)"""
+    (w0, b0), (w1, b1), (w2, b2) = [
+        (m.weight.detach().numpy(), m.bias.detach().numpy()) for m in actor.actor_mean[::2]
+    ]
+    return lambda x: w2 @ np.tanh(w1 @ np.tanh(w0 @ x + b0) + b1) + b2
+
+
+class LossModule(nn.Module):
+    """loss_fn(agent, *batch) as a module, so torch.func.functional_call can substitute its parameters"""
+
+    def __init__(self, agent, loss_fn):
+        super().__init__()
+        self.agent, self.loss_fn = agent, loss_fn
+
+    def forward(self, *batch):
+        return self.loss_fn(self.agent, *batch)
+
+
+def compiled_update(agent, optimizer, loss_fn, max_grad_norm):
+    """-> step(*batch) -> (loss, aux): loss, aux = loss_fn(agent, *batch); loss.backward();
+    clip_grad_norm_(max_grad_norm); optimizer.step(), as one compiled function (Adam: one group, no weight
+    decay); the learning rate is read from the optimizer at every call"""
+    module = LossModule(agent, loss_fn)
+    (group,) = optimizer.param_groups
+    params = group["params"]
+    by_id = {id(p): name for name, p in module.named_parameters()}
+    names = [by_id[id(p)] for p in params]
+    (beta1, beta2), eps = group["betas"], group["eps"]
+
+    def pure_step(params, exp_avgs, exp_avg_sqs, steps, step_size, bc2_sqrt, *batch):
+        def loss_of(p):
+            loss, aux = torch.func.functional_call(module, p, batch, strict=False, tie_weights=False)
+            return loss, (loss, aux)
+
+        with torch.enable_grad():
+            grads, (loss, aux) = torch.func.grad(loss_of, has_aux=True)(dict(zip(names, params, strict=True)))
+        grads = [grads[n] for n in names]
+        if max_grad_norm > 0:  # nn.utils.clip_grad_norm_
+            norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]), 2.0
+            )
+            grads = [g * torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0) for g in grads]
+        for p, g, m, v, s in zip(
+            params, grads, exp_avgs, exp_avg_sqs, steps, strict=True
+        ):  # torch.optim.Adam
+            s.add_(1.0)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(step_size * m / ((v.sqrt() / bc2_sqrt) + eps))
+        return loss.detach(), aux
+
+    pure_step = torch.compile(pure_step, fullgraph=True)
+
+    def step(*batch):
+        for p in params:  # Adam's state, created as torch.optim.Adam creates it
+            if not optimizer.state[p]:
+                optimizer.state[p] = {
+                    "step": torch.tensor(0.0),
+                    "exp_avg": torch.zeros_like(p),
+                    "exp_avg_sq": torch.zeros_like(p),
+                }
+        states = [optimizer.state[p] for p in params]
+        k = float(states[0]["step"]) + 1.0  # the bias corrections in Python floats, as torch.optim.Adam
+        with torch.no_grad():
+            return pure_step(
+                [p.detach() for p in params],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [s["step"] for s in states],
+                torch.tensor(group["lr"] / (1.0 - beta1**k)),
+                torch.tensor((1.0 - beta2**k) ** 0.5),
+                *batch,
+            )
+
+    return step
+
+
+def gauss_newton_fvp(agent, obs, params, damping):
+    """v -> (F + damping I) v in closed form, F the Fisher information of pi_old on `obs`: at pi_old the
+    Hessian of the mean KL is J^T diag(exp(-2 logstd)) J / N on actor_mean's parameters (J: the Jacobian of
+    the mean over the batch) and 2 I on actor_logstd; J v is pushed forward and J^T u pulled back through
+    actor_mean's activations at pi_old, computed once (the same products as fisher_vector_product, other float
+    rounding)"""
+    l0, _, l1, _, l2 = agent.actor_mean
+    w1, w2 = l1.weight.detach(), l2.weight.detach()
+    with torch.no_grad():
+        h1 = torch.tanh(l0(obs))
+        h2 = torch.tanh(l1(h1))
+        dtanh1, dtanh2 = 1 - h1 * h1, 1 - h2 * h2
+        precision = torch.exp(-2 * agent.actor_logstd) / obs.shape[0]
+
+    def fvp(v):
+        dw0, db0, dw1, db1, dw2, db2, dlogstd = (
+            t.view_as(p) for t, p in zip(v.split([p.numel() for p in params]), params, strict=True)
+        )
+        dh1 = dtanh1 * torch.addmm(db0, obs, dw0.T)  # J v, layer by layer
+        dh2 = dtanh2 * torch.addmm(db1, h1, dw1.T).addmm_(dh1, w1.T)
+        u = torch.addmm(db2, h2, dw2.T).addmm_(dh2, w2.T) * precision
+        g2 = (u @ w2) * dtanh2  # J^T u, layer by layer
+        g1 = (g2 @ w1) * dtanh1
+        products = (g1.T @ obs, g1.sum(0), g2.T @ h1, g2.sum(0), u.T @ h2, u.sum(0), 2 * dlogstd)
+        return torch.cat([t.reshape(-1) for t in products]) + damping * v
+
+    return fvp
 
 
 if __name__ == "__main__":
@@ -327,6 +474,11 @@ if __name__ == "__main__":
 
     agent = Agent(env.obs_dim, env.act_dim, args.hidden_size)
     optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.learning_rate, eps=1e-5)  # the value's
+    if args.compile:  # --compile: the value step compiled once, the rollout's policy mean in numpy
+        require_cpp_compiler()
+        loss_fn = functools.partial(value_minibatch_loss, args=args)
+        update_step = compiled_update(agent, optimizer, loss_fn, args.max_grad_norm)
+        policy_mean = numpy_policy_mean(agent)
 
     # storage: one environment; rewards, dones and GAE in float64
     obs = torch.zeros((args.num_steps, env.obs_dim))
@@ -352,7 +504,10 @@ if __name__ == "__main__":
                 global_step += 1
                 obs[step] = torch.as_tensor(next_obs)
                 dones[step] = next_done
-                action = agent.actor_mean(obs[step]) + scaled_noise[step]
+                if args.compile:
+                    action = torch.from_numpy(policy_mean(obs[step].numpy()) + scaled_noise[step].numpy())
+                else:
+                    action = agent.actor_mean(obs[step]) + scaled_noise[step]
                 actions[step] = action
                 next_obs, rewards[step], next_done, episode = env.step(action.numpy())
                 if episode is not None:
@@ -400,28 +555,20 @@ if __name__ == "__main__":
         v_losses = []
         for epoch in range(args.update_epochs):
             for mb_inds in torch.randperm(args.batch_size).split(args.minibatch_size):
-                newvalue = agent.critic(obs[mb_inds]).squeeze(-1)
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(
-                        newvalue - b_values[mb_inds], -args.vclip_coef, args.vclip_coef
-                    )
-                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                mb = (obs[mb_inds], b_returns[mb_inds], b_values[mb_inds])
+                if args.compile:  # the loss, its gradient, the clip and Adam's step in one compiled call
+                    loss, v_loss = update_step(*mb)
                 else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                loss = args.vf_coef * v_loss
+                    loss, v_loss = value_minibatch_loss(agent, *mb, args)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    if args.max_grad_norm > 0:
+                        nn.utils.clip_grad_norm_(agent.critic.parameters(), args.max_grad_norm)
+                    optimizer.step()
                 if not torch.isfinite(loss):
                     sys.exit(
                         f"error: non-finite value loss at iteration {iteration}, epoch {epoch}: stopping"
                     )
-
-                optimizer.zero_grad()
-                loss.backward()
-                if args.max_grad_norm > 0:
-                    nn.utils.clip_grad_norm_(agent.critic.parameters(), args.max_grad_norm)
-                optimizer.step()
                 v_losses.append(v_loss.item())
 
         var_y = np.var(advantages + values)  # returns = advantages + values

@@ -212,6 +212,10 @@ def test_script_runs_one_iteration_with_the_classifier(tmp_path, monkeypatch):
             "error: classifier_lr must be > 0, got -0.001",
         ),
         (["--classifier-lr", "1e-3"], "error: classifier_lr only takes effect with --acceptance-classifier"),
+        (
+            ["--acceptance-classifier", "--compile"],
+            "error: acceptance_classifier runs eager only: drop --compile",
+        ),
     ],
 )
 def test_script_refuses_bad_classifier_flags_in_one_line(flags, needle, tmp_path):

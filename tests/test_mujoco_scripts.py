@@ -56,7 +56,18 @@ def test_script_is_one_file_importing_only_the_library_loss(method):
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module.split(".")[0])
     assert "rgpo_lab" not in imported and "mujoco_baselines" not in imported
-    stdlib = {"copy", "math", "os", "random", "sys", "time", "warnings", "collections", "dataclasses"}
+    stdlib = {
+        "copy",
+        "functools",
+        "math",
+        "os",
+        "random",
+        "sys",
+        "time",
+        "warnings",
+        "collections",
+        "dataclasses",
+    }
     assert imported <= stdlib | {
         "gymnasium",
         "mujoco",
@@ -100,7 +111,7 @@ def test_the_update_is_visible(method):
         '"eval/episodic_return"',
     ):
         assert needle in src, needle
-    assert len(src.splitlines()) <= 510
+    assert len(src.splitlines()) <= 660  # about 480 eager, the --compile block, RGPO's acceptance classifier
     if method == "rgpo":
         assert "rgpo_trl.rgpo_loss(" in src and "rgpo_trl.make_gate(" in src and "make_kl_controller(" in src
     if method == "ppo":
@@ -163,4 +174,4 @@ def test_scripts_run_as_files_and_as_modules(tmp_path):
             env=env,
         )
         assert out.returncode == 0 and "--awr-beta" in out.stdout, out.stderr[-2000:]
-        assert "--compile" not in out.stdout and "--checkpoint-dir" not in out.stdout  # the lab's, not here
+        assert "--compile" in out.stdout and "--checkpoint-dir" not in out.stdout  # checkpoints: the lab
