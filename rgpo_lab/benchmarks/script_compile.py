@@ -163,9 +163,6 @@ def main() -> None:
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
 
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", "-C", ROOT, *cmd], capture_output=True, text=True).stdout.strip()
-
     tmp = tempfile.mkdtemp(prefix="bench_script_compile_")
     base_dir = os.path.join(tmp, "baseline")
     os.makedirs(base_dir)
@@ -184,6 +181,15 @@ def main() -> None:
                 )
                 print(f"round {r} {method} {variant}: {row[variant]['steady_sps']:.0f} SPS", flush=True)
             results[method]["rounds"].append(row)
+        write_result(args, results, baseline_commit, before, rounds_done=r + 1)  # kept if a later round fails
+
+
+def write_result(args, results: dict, baseline_commit: str, before: str, rounds_done: int) -> None:
+    """The rounds so far, their ratios and medians, to <out>.json and <out>.md."""
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", "-C", ROOT, *cmd], capture_output=True, text=True).stdout.strip()
+
     for row in results.values():
         rounds = row["rounds"]
         row["ratio_baseline_rounds"] = [
@@ -204,7 +210,7 @@ def main() -> None:
         env_id=args.env_id,
         hidden_size=args.hidden_size,
         iterations=args.iterations,
-        rounds=args.rounds,
+        rounds=rounds_done,
         results=results,
     )
     write_outputs(args.out, info, markdown(info))
