@@ -34,7 +34,9 @@ ITERATION_LINE = re.compile(rb"^iter(?:ation)?=(\d+) ")  # the baseline prints i
 
 
 def extract_scripts(ref: str, dest: str) -> str:
-    """The four scripts at git ``ref`` written into ``dest`` (``git show``); returns the ref's commit."""
+    """The four scripts at git ``ref`` written into ``dest`` (``git show``), and the library they import as it
+    was then into ``dest``/lib (``git archive``: the KL controller's API has changed since); returns the ref's
+    commit."""
     commit = subprocess.run(
         ["git", "-C", ROOT, "rev-parse", ref], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -45,6 +47,11 @@ def extract_scripts(ref: str, dest: str) -> str:
         )
         with open(os.path.join(dest, os.path.basename(name)), "wb") as f:
             f.write(text.stdout)
+    os.makedirs(os.path.join(dest, "lib"))
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", commit, "rgpo_trl"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", os.path.join(dest, "lib")], input=archive.stdout, check=True)
     return commit
 
 
@@ -61,14 +68,14 @@ def command(variant: str, method: str, base_dir: str, out_dir: str, args) -> lis
     return [sys.executable, script, *flags, *more]
 
 
-def timed_run(cmd: list[str], cwd: str, timeout: float) -> dict:
+def timed_run(cmd: list[str], cwd: str, timeout: float, pythonpath: str) -> dict:
     """Runs ``cmd``; the arrival time of each iteration's line, and the steady speed from them."""
     env = {
         **os.environ,
         **ONE_THREAD,
         "PYTHONUNBUFFERED": "1",
         "PYTHONWARNINGS": "ignore",
-        "PYTHONPATH": ROOT,
+        "PYTHONPATH": pythonpath,
     }
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -176,9 +183,9 @@ def main() -> None:
             for variant in order:
                 work = os.path.join(tmp, f"r{r}_{method}_{variant}")
                 os.makedirs(work)
-                row[variant] = timed_run(
-                    command(variant, method, base_dir, work, args), work, args.run_timeout
-                )
+                cmd = command(variant, method, base_dir, work, args)
+                lib = os.path.join(base_dir, "lib") if variant == "baseline" else ROOT
+                row[variant] = timed_run(cmd, work, args.run_timeout, pythonpath=lib)
                 print(f"round {r} {method} {variant}: {row[variant]['steady_sps']:.0f} SPS", flush=True)
             results[method]["rounds"].append(row)
         write_result(args, results, baseline_commit, before, rounds_done=r + 1)  # kept if a later round fails
