@@ -6,7 +6,8 @@ MuJoCo scripts, speed and cost: mujoco_compile (``--compile`` against the eager 
 and CleanRL's PPO beside it), mujoco_speed (against CleanRL's ppo_continuous_action.py; the RGPO / PPO
 update ratio), env_wrappers (the scripts' environment against gymnasium's wrappers), compiled_steps_per_call,
 trpo_fvp (Fisher-vector products), mujoco_rollout (per-step rollout paths), mujoco_profile (where a step's
-time goes).
+time goes), script_compile (the single-file scripts' ``--compile`` against
+the same script eager and the scripts at 5d1a668).
 
 MuJoCo learning outcomes: compile_equivalence (reads the grid suite ``compile_equiv``),
 check_mujoco_path_divergence (where the eager and ``--compile`` rollouts of one seed part ways).
