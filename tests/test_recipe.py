@@ -294,7 +294,7 @@ def test_tiny_end_to_end_run_of_each_method(tmp_path, quick_assets, method, caps
         assert not any("kl" in r for r in rows)
 
 
-def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
+def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets, monkeypatch):
     """The reference model exists only for the KL_ref metric: GRPO's loss keeps beta = 0."""
     import recipes.hh_rlhf.trainers as trainers
 
@@ -305,11 +305,10 @@ def test_grpo_monitor_keeps_the_loss_reference_free(tmp_path, quick_assets):
         seen.update(beta=self.beta, args_beta=self.args.beta, has_ref=self.ref_model is not None)
         return original(self, *a, **k)
 
-    trainers.GRPOMonitoredTrainer.train = train
-    try:
-        _run_recipe(_tiny_argv(quick_assets, tmp_path, "grpo", iterations=1))
-    finally:
-        trainers.GRPOMonitoredTrainer.train = original
+    # monkeypatch removes the class attribute afterwards (the method is inherited): assigning the inherited
+    # function back would shadow Trainer.train for every later test
+    monkeypatch.setattr(trainers.GRPOMonitoredTrainer, "train", train)
+    _run_recipe(_tiny_argv(quick_assets, tmp_path, "grpo", iterations=1))
     assert seen == {"beta": 0.0, "args_beta": 0.0, "has_ref": True}
 
 
