@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from rgpo_lab import rlhf_mismatch as mm
+from rgpo_lab import rlhf_sync_mismatch as smm
 from rgpo_lab.job_queue import run_queue
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -352,6 +353,90 @@ def _mismatch_lag(results: str) -> list[RLHFRun]:
     ]
 
 
+def _sync_mismatch_run(suite: str, arm: str, cell: str, seed: int, lr: str, extra=()) -> RLHFRun:
+    """One run of the synchronous mismatch study (rgpo_lab.rlhf_sync_mismatch.RULE): the arm's method and
+    flags, the cell's sampler and reuse, a constant rate, the test evaluation."""
+    method, flags = smm.ARMS[arm]
+    dose, k = cell.split("__k")
+    cell_flags = (*smm.dose_flags(dose), *smm.reuse_flags(int(k)))
+    common = ("--learning_rate", lr, "--lr_scheduler_type", "constant", *HELDOUT)
+    return RLHFRun(
+        suite, method, seed, PAPER_V3, (*flags, *cell_flags, *common, *extra), tag=f"{arm}__{cell}"
+    )
+
+
+def _sync_mismatch_precheck(results: str) -> list[RLHFRun]:
+    """Stage A: the uncorrected arm in every cell and the SFT policy's evaluation; stage B (once
+    ``python -m rgpo_lab.rlhf_sync_mismatch precheck`` has read stage A): rgpo and tis in each hurt cell."""
+    suite, no_validation = "v3/sync_mismatch_precheck", ("--validation_prompts", "0")
+    decided = smm.read_json("precheck.json") or {"a": {}}
+    hurt = [c for c, a in decided["a"].items() if a["hurt"]]
+    runs = []
+    for seed in smm.PRECHECK_SEEDS:
+        runs.append(RLHFRun(suite, "sft", seed, PAPER_V3, (*HELDOUT, *no_validation)))
+        for k in smm.REUSE:
+            for dose in smm.doses():
+                cell = smm.cell_name(dose, k)
+                arms = smm.PRECHECK_ARMS if cell in hurt else ("uncorrected",)
+                runs += [
+                    _sync_mismatch_run(suite, a, cell, seed, smm.PRECHECK_LR, no_validation) for a in arms
+                ]
+    return runs
+
+
+def _sync_mismatch_tune(results: str) -> list[RLHFRun]:
+    """Each arm's rate alone, on validation prompts, in the rule's two tuning cells."""
+    decided = smm.read_json("precheck.json")
+    if decided is None or not decided["complete"]:
+        raise SystemExit(
+            "v3/sync_mismatch_tune needs the finished pre-check: python -m rgpo_lab.rlhf_suite "
+            "v3/sync_mismatch_precheck, then python -m rgpo_lab.rlhf_sync_mismatch precheck "
+            "(twice: stage A, then B)"
+        )
+    runs = []
+    for cell in smm.tuning_cells(decided):
+        k = int(cell.split("__k")[1])
+        validation = (
+            "--validation_prompts",
+            "256",
+            "--validation_samples",
+            "2",
+            "--validation_every",
+            str(25 // k),
+        )
+        for seed in smm.TUNE_SEEDS:
+            for arm in smm.suite_arms(decided["ranking_cells"]):
+                for lr in smm.TUNE_RATES:
+                    run = _sync_mismatch_run("v3/sync_mismatch_tune", arm, cell, seed, lr, validation)
+                    runs.append(
+                        RLHFRun(run.suite, run.method, seed, run.config, run.extra, f"{run.tag}__lr{lr}")
+                    )
+    return runs
+
+
+def _sync_mismatch(results: str) -> list[RLHFRun]:
+    """The suite: every kept arm at its selected rate in the rule's cells, 10 seeds in ranking cells, 5
+    elsewhere (seeds in the outer loop, so an interrupted suite leaves whole seeds)."""
+    decided, selection = smm.read_json("precheck.json"), smm.read_json("selection.json")
+    if decided is None or not decided["complete"] or selection is None:
+        raise SystemExit(
+            "v3/sync_mismatch needs the pre-check and the selection first: python -m "
+            "rgpo_lab.rlhf_sync_mismatch precheck, python -m rgpo_lab.rlhf_suite v3/sync_mismatch_tune, "
+            "python -m rgpo_lab.rlhf_sync_mismatch select"
+        )
+    lr, arms = selection["selected_lr"], smm.suite_arms(decided["ranking_cells"])
+    if any(lr.get(arm) is None for arm in arms):
+        raise SystemExit(f"v3/sync_mismatch: not every arm has a selected rate yet ({lr})")
+    cells = smm.suite_cells(decided["ranking_cells"])
+    return [
+        _sync_mismatch_run("v3/sync_mismatch", arm, cell, seed, lr[arm], ("--validation_prompts", "0"))
+        for seed in smm.SUITE_SEEDS["ranking"]
+        for cell, seeds in cells.items()
+        if seed in seeds
+        for arm in arms
+    ]
+
+
 # suites built when asked for: the final, frontier and reuse suites read the tuning suite's selection
 SUITE_BUILDERS = {
     "tune": _tune,
@@ -365,6 +450,9 @@ SUITE_BUILDERS = {
     "v3/mismatch_precheck": _mismatch_precheck,
     "v3/mismatch": _mismatch,
     "v3/mismatch_lag": _mismatch_lag,
+    "v3/sync_mismatch_precheck": _sync_mismatch_precheck,
+    "v3/sync_mismatch_tune": _sync_mismatch_tune,
+    "v3/sync_mismatch": _sync_mismatch,
 }
 
 DEMO_RATES, DEMO_SEED = ("1e-4", "3e-4", "1e-3"), 1

@@ -13,13 +13,20 @@ import transformers
 import yaml
 from accelerate import PartialState
 from conftest import assets_cache_root
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+from trl import DPOConfig, DPOTrainer
 
 from recipes.hh_rlhf.parsing import parse_recipe_args
 from recipes.hh_rlhf.prompt_splits import training_pairs, training_prompts
 from recipes.hh_rlhf.worlds import resolve_tiny_assets
 from rgpo_trl.monitors import BehaviourRatioMonitor, ReferenceKLMonitor
-from rgpo_trl.trainer import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
+from rgpo_trl.trainer import (
+    GRPOSamplerConfig,
+    GRPOSamplerTrainer,
+    PPORLHFConfig,
+    PPORLHFTrainer,
+    RGPOConfig,
+    RGPOTrainer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "configs" / "hh_rlhf_tiny.yaml"
@@ -31,6 +38,8 @@ BOTH_MONITORS = (BehaviourRatioMonitor, ReferenceKLMonitor)
 # (trainer, method) -> (the trainer's bases, or its class; its config class; the method's settings). From the
 # recipe's docs: rgpo gates max(r_old, r_ref), rgpo_old r_old; grpo is TRL's clipped loss without reference;
 # ppo is PPO-RLHF; ppo_clip_kl, sapo, cispo are TRL's losses with beta_ref 0.05; dpo is TRL's DPOTrainer.
+# TRL's GRPOTrainer methods run on GRPOSamplerTrainer (GRPOTrainer with the in-process sampler, off by
+# default).
 SYNC = {
     "rgpo": ((*BOTH_MONITORS, RGPOTrainer), RGPOConfig, {**RGPO, "loss_type": "dapo", "ratio_mode": "dual"}),
     "rgpo_old": (
@@ -39,16 +48,20 @@ SYNC = {
         {**RGPO, "loss_type": "dapo", "ratio_mode": "old"},
     ),
     "ppo": ((ReferenceKLMonitor, PPORLHFTrainer), PPORLHFConfig, {"beta": 0.05, "epsilon": 0.2}),
-    "grpo": ((*BOTH_MONITORS, GRPOTrainer), GRPOConfig, {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2}),
+    "grpo": (
+        (*BOTH_MONITORS, GRPOSamplerTrainer),
+        GRPOSamplerConfig,
+        {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2},
+    ),
     "ppo_clip_kl": (
-        (*BOTH_MONITORS, GRPOTrainer),
-        GRPOConfig,
+        (*BOTH_MONITORS, GRPOSamplerTrainer),
+        GRPOSamplerConfig,
         {"loss_type": "dapo", "beta": 0.05, "epsilon": 0.2, "use_bias_correction_kl": False},
     ),
-    "sapo": ((*BOTH_MONITORS, GRPOTrainer), GRPOConfig, {"loss_type": "sapo", "beta": 0.05}),
+    "sapo": ((*BOTH_MONITORS, GRPOSamplerTrainer), GRPOSamplerConfig, {"loss_type": "sapo", "beta": 0.05}),
     "cispo": (
-        (*BOTH_MONITORS, GRPOTrainer),
-        GRPOConfig,
+        (*BOTH_MONITORS, GRPOSamplerTrainer),
+        GRPOSamplerConfig,
         {"loss_type": "cispo", "epsilon_high": 5.0, "beta": 0.05, "use_bias_correction_kl": False},
     ),
     "dpo": (DPOTrainer, DPOConfig, {"beta": 0.1}),

@@ -24,8 +24,12 @@ learning rate, ``num_iterations``) comes from the preset, so runs differ only in
   reference; offline, so its reward, gold and KL_ref come from the shared end-of-run evaluation.
 - ``sft``: no training; the initial policy through the same evaluation (KL_ref = 0): the baseline.
 
-More are added with `register_rlhf_method`. The online methods' trainers carry the library's monitors
-(`recipes.hh_rlhf.trainers`); a run's metrics files and console table are `recipes.hh_rlhf.metrics_log`'s.
+The GRPOTrainer methods take `GRPOSamplerConfig` (TRL's GRPOConfig plus the in-process sampler's fields,
+off by default): with ``--use_in_process_sampler true`` and ``--sampler_*`` they generate with a mismatched
+sampler and TRL's own ``vllm_importance_sampling_*`` correction applies, as for RGPOConfig's methods (which
+also take ``gate_on_sampler``). More are added with `register_rlhf_method`. The online methods' trainers
+carry the library's monitors (`recipes.hh_rlhf.trainers`); a run's metrics files and console table are
+`recipes.hh_rlhf.metrics_log`'s.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 
 from trl import DPOConfig, GRPOConfig
 
-from rgpo_trl.trainer import PPORLHFConfig, RGPOConfig
+from rgpo_trl.trainer import GRPOSamplerConfig, PPORLHFConfig, RGPOConfig
 
 # Columns of the per-iteration metrics file that every method has: name -> key logged by the trainer.
 BASE_METRICS = {
@@ -107,13 +111,13 @@ register_rlhf_method(RLHFMethod("rgpo", "rgpo", RGPOConfig, {**_RGPO, "ratio_mod
 register_rlhf_method(RLHFMethod("rgpo_old", "rgpo", RGPOConfig, {**_RGPO, "ratio_mode": "old"}, RGPO_METRICS))
 register_rlhf_method(RLHFMethod("ppo", "ppo", PPORLHFConfig, {"beta": 0.05, "epsilon": 0.2}, PPO_METRICS))
 register_rlhf_method(
-    RLHFMethod("grpo", "grpo", GRPOConfig, {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2})
+    RLHFMethod("grpo", "grpo", GRPOSamplerConfig, {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2})
 )
 register_rlhf_method(
     RLHFMethod(
         "ppo_clip_kl",
         "grpo",
-        GRPOConfig,
+        GRPOSamplerConfig,
         {"loss_type": "dapo", "beta": 0.05, "epsilon": 0.2, "use_bias_correction_kl": False},
     )
 )
@@ -121,7 +125,7 @@ register_rlhf_method(
     RLHFMethod(
         "sapo",
         "grpo",
-        GRPOConfig,
+        GRPOSamplerConfig,
         {"loss_type": "sapo", "beta": 0.05, "use_bias_correction_kl": False},
     )
 )
@@ -129,7 +133,7 @@ register_rlhf_method(
     RLHFMethod(
         "cispo",
         "grpo",
-        GRPOConfig,
+        GRPOSamplerConfig,
         {"loss_type": "cispo", "epsilon_high": 5.0, "beta": 0.05, "use_bias_correction_kl": False},
         {"cispo_clip_ratio": "cispo_clip_ratio"},
     )
