@@ -89,6 +89,11 @@ def cell_name(dose: str, k: int) -> str:
     return f"{dose}__k{k}"
 
 
+def dose_of(cell: str) -> float:
+    dose = cell.split("__")[0]
+    return 0.0 if dose == "fp32" else float(dose.removeprefix("sigma"))
+
+
 def doses() -> list[str]:
     return ["fp32", *(f"sigma{s:g}" for s in LADDER)]
 
@@ -137,8 +142,9 @@ sigma 0.15 (calibrated), 0.5, 1, 4, for k = 1 and 4, and the SFT policy's test e
 (a) a cell's uncorrected arm is hurt if its test gold is lower than at fp32 with the same k (two-sided
 Welch, Holm over the 8 cells, adjusted p <= 0.05; a significant rise is reported, not hurt). Stage B runs
 rgpo and tis in each hurt cell. (b) the best of the three arms (highest mean gold) is above the SFT policy
-(two-sided Welch, Holm over the hurt cells). A cell ranks corrections iff (a) and (b) hold (a ranking cell).
-If none does, the report says the study cannot rank corrections, and the docs do not rank.
+(two-sided Welch, Holm over the hurt cells). A cell qualifies iff (a) and (b) hold; per k the qualifying
+cell with the smallest dose (the most realistic) is that k's ranking cell. If no cell qualifies, the report
+says the study cannot rank corrections, and the docs do not rank.
 Tuning (seeds 201-203, 256 validation prompts x 2 samples, evaluated 4 times in the window): each arm's
 learning rate alone, from 1.25e-5, 2.5e-5, 5e-5, in two cells at one k: fp32 and the ranking cell with the
 largest dose (its k; without a ranking cell: fp32 and sigma 0.15 at k = 4); selected: the highest mean
@@ -198,10 +204,14 @@ def precheck_decision(gold: dict[str, dict[str, list[float]]], sft: list[float])
     for c, p in zip(b, holm([v["welch"].p for v in b.values()]), strict=True):
         w = b[c].pop("welch")
         b[c].update(diff=w.diff, p=w.p, p_holm=p, learns=bool(p <= 0.05 and w.diff > 0))
+    qualifying = [c for c in hurt if b.get(c, {}).get("learns")]
     return {
         "a": a,
         "b": b,
-        "ranking_cells": [c for c in hurt if b.get(c, {}).get("learns")],
+        "qualifying_cells": qualifying,
+        "ranking_cells": [
+            min(q, key=dose_of) for k in REUSE if (q := [c for c in qualifying if c.endswith(f"__k{k}")])
+        ],
         "complete": len(b) == len(hurt),
     }
 
@@ -274,33 +284,36 @@ def tuning_cells(precheck_result: dict) -> list[str]:
     ranking = precheck_result["ranking_cells"]
     if not ranking:
         return [cell_name("fp32", 4), cell_name(f"sigma{CALIBRATED_SIGMA:g}", 4)]
-    best = max(ranking, key=lambda c: (float(c.split("__")[0].removeprefix("sigma")), int(c.split("__k")[1])))
+    best = max(ranking, key=lambda c: (dose_of(c), int(c.split("__k")[1])))
     return [cell_name("fp32", int(best.split("__k")[1])), best]
 
 
-def select(results: str = RESULTS, out: str = OUT) -> dict:
-    """Each arm's rate: the highest mean validation gold over the tuning cells and seeds."""
-    from rgpo_lab.rlhf_suite import read_validation
+def validation_gold(run_dir: str) -> float | None:
+    """A tuning run's mean validation gold over its window evaluations (validation.json), None until it has
+    finished; a run evaluated at other iterations than its config asks for is refused."""
+    path = os.path.join(run_dir, "validation.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        v = json.load(f)
+    if v["iterations"] != v["expected_iterations"]:
+        raise SystemExit(f"{path}: evaluated at {v['iterations']}, expected {v['expected_iterations']}")
+    return float("nan") if v["gold"] is None else float(v["gold"])
 
-    cells = tuning_cells(read_json("precheck.json", out))
+
+def select(results: str = RESULTS, out: str = OUT) -> dict:
+    """Each arm's rate: the highest mean validation gold over the tuning cells and seeds (an arm waits until
+    all its runs have finished)."""
+    decided = read_json("precheck.json", out)
+    cells = tuning_cells(decided)
     table: dict[str, dict[str, float | None]] = {}
-    for arm in suite_arms(read_json("precheck.json", out)["ranking_cells"]):
+    for arm in suite_arms(decided["ranking_cells"]):
         for lr in TUNE_RATES:
-            scores = [
-                read_validation(
-                    os.path.join(
-                        results, "v3/sync_mismatch_tune", f"{ARMS[arm][0]}__{arm}__{c}__lr{lr}__s{s}"
-                    )
-                )
-                for c in cells
-                for s in TUNE_SEEDS
-            ]
-            table.setdefault(arm, {})[lr] = (
-                None if any(v is None for v in scores) else float(np.mean([v["gold"] for v in scores]))
-            )
+            names = [f"{ARMS[arm][0]}__{arm}__{c}__lr{lr}__s{s}" for c in cells for s in TUNE_SEEDS]
+            gold = [validation_gold(os.path.join(results, "v3", "sync_mismatch_tune", n)) for n in names]
+            table.setdefault(arm, {})[lr] = None if None in gold else float(np.mean(gold))
     chosen = {
-        arm: max(rates, key=rates.get) if all(v is not None for v in rates.values()) else None
-        for arm, rates in table.items()
+        arm: max(rates, key=rates.get) if None not in rates.values() else None for arm, rates in table.items()
     }
     result = {"command": "python -m rgpo_lab.rlhf_sync_mismatch select", "cells": cells, "gold": table}
     result["selected_lr"] = chosen

@@ -202,7 +202,7 @@ def test_one_trl_parser_pass_for_every_kind_of_method(monkeypatch):
     monkeypatch.setattr(TrlParser, "parse_args_and_config", counted)
     for flags, config in (
         ([], "RGPOConfig"),
-        (["--method", "grpo"], "GRPOConfig"),
+        (["--method", "grpo"], "GRPOSamplerConfig"),
         (["--method", "dpo"], "DPOConfig"),
         (["--trainer", "async"], "AsyncRGPOConfig"),
     ):
@@ -223,7 +223,7 @@ def test_early_settings_read_the_yaml_under_the_command_line(tmp_path):
         read_early_settings([]).reward_model_name_or_path == "OpenAssistant/reward-model-deberta-v3-large-v2"
     )
     script, train, _ = parse_recipe_args(["--config", str(preset)], check_hub=False)
-    assert script.method == "grpo" and type(train).__name__ == "GRPOConfig"
+    assert script.method == "grpo" and type(train).__name__ == "GRPOSamplerConfig"
     assert train.output_dir == "runs/hh_rlhf_qwen/mine-grpo"
     with pytest.raises(
         UsageError, match=re.escape("--metho: options must be given in full (did you mean --method?)")
@@ -268,7 +268,11 @@ def test_the_early_settings_are_read_in_either_spelling_and_the_given_hub_ids_ch
     assert early.dataset_name == str(tmp_path / "x.jsonl")
     script, train, model = parse_recipe_args(argv)
     assert hub_checks == [(local, "model"), (local, "model")]  # a .jsonl dataset is a file, not a hub id
-    assert (script.method, type(train).__name__, model.model_name_or_path) == ("grpo", "GRPOConfig", local)
+    assert (script.method, type(train).__name__, model.model_name_or_path) == (
+        "grpo",
+        "GRPOSamplerConfig",
+        local,
+    )
     assert (script.reward_model_name_or_path, script.dataset_name) == (local, str(tmp_path / "x.jsonl"))
     assert read_early_settings(["--config", TINY, "--trainer", "async"]).trainer == "async"
 

@@ -13,7 +13,7 @@ import transformers
 import yaml
 from accelerate import PartialState
 from conftest import assets_cache_root
-from trl import DPOConfig, DPOTrainer
+from trl import DPOConfig, DPOTrainer, GRPOTrainer
 
 from recipes.hh_rlhf.parsing import parse_recipe_args
 from recipes.hh_rlhf.prompt_splits import training_pairs, training_prompts
@@ -21,12 +21,12 @@ from recipes.hh_rlhf.worlds import resolve_tiny_assets
 from rgpo_trl.monitors import BehaviourRatioMonitor, ReferenceKLMonitor
 from rgpo_trl.trainer import (
     GRPOSamplerConfig,
-    GRPOSamplerTrainer,
     PPORLHFConfig,
     PPORLHFTrainer,
     RGPOConfig,
     RGPOTrainer,
 )
+from rgpo_trl.trainer.sync_sampler import MismatchedSamplerMixin
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "configs" / "hh_rlhf_tiny.yaml"
@@ -38,7 +38,7 @@ BOTH_MONITORS = (BehaviourRatioMonitor, ReferenceKLMonitor)
 # (trainer, method) -> (the trainer's bases, or its class; its config class; the method's settings). From the
 # recipe's docs: rgpo gates max(r_old, r_ref), rgpo_old r_old; grpo is TRL's clipped loss without reference;
 # ppo is PPO-RLHF; ppo_clip_kl, sapo, cispo are TRL's losses with beta_ref 0.05; dpo is TRL's DPOTrainer.
-# TRL's GRPOTrainer methods run on GRPOSamplerTrainer (GRPOTrainer with the in-process sampler, off by
+# TRL's GRPOTrainer methods carry the in-process sampler's mixin and take its config (the sampler off by
 # default).
 SYNC = {
     "rgpo": ((*BOTH_MONITORS, RGPOTrainer), RGPOConfig, {**RGPO, "loss_type": "dapo", "ratio_mode": "dual"}),
@@ -49,18 +49,22 @@ SYNC = {
     ),
     "ppo": ((ReferenceKLMonitor, PPORLHFTrainer), PPORLHFConfig, {"beta": 0.05, "epsilon": 0.2}),
     "grpo": (
-        (*BOTH_MONITORS, GRPOSamplerTrainer),
+        (*BOTH_MONITORS, MismatchedSamplerMixin, GRPOTrainer),
         GRPOSamplerConfig,
         {"loss_type": "grpo", "beta": 0.0, "epsilon": 0.2},
     ),
     "ppo_clip_kl": (
-        (*BOTH_MONITORS, GRPOSamplerTrainer),
+        (*BOTH_MONITORS, MismatchedSamplerMixin, GRPOTrainer),
         GRPOSamplerConfig,
         {"loss_type": "dapo", "beta": 0.05, "epsilon": 0.2, "use_bias_correction_kl": False},
     ),
-    "sapo": ((*BOTH_MONITORS, GRPOSamplerTrainer), GRPOSamplerConfig, {"loss_type": "sapo", "beta": 0.05}),
+    "sapo": (
+        (*BOTH_MONITORS, MismatchedSamplerMixin, GRPOTrainer),
+        GRPOSamplerConfig,
+        {"loss_type": "sapo", "beta": 0.05},
+    ),
     "cispo": (
-        (*BOTH_MONITORS, GRPOSamplerTrainer),
+        (*BOTH_MONITORS, MismatchedSamplerMixin, GRPOTrainer),
         GRPOSamplerConfig,
         {"loss_type": "cispo", "epsilon_high": 5.0, "beta": 0.05, "use_bias_correction_kl": False},
     ),

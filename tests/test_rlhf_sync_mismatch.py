@@ -44,6 +44,11 @@ def _write(out: Path, name: str, obj: dict) -> None:
     (out / name).write_text(json.dumps(obj))
 
 
+def test_rules_md_quotes_the_rule_and_says_no_run_was_made():
+    rules = (ROOT / "results/rlhf/v3/sync_mismatch/RULES.md").read_text()
+    assert smm.RULE in rules and "No run of this study has been made yet" in rules
+
+
 def test_calibrated_dose_is_the_committed_calibration():
     calibration = json.loads((ROOT / "results/rlhf/v3/mismatch/calibration.json").read_text())
     assert smm.CALIBRATED_SIGMA == calibration["calibrated_sigma"]
@@ -211,4 +216,38 @@ def test_precheck_rule_matches_scipy_and_holm():
     # k = 1's best arm is far above SFT; k = 4's best (tis, 1.02) is below it: that cell cannot rank
     assert r["ranking_cells"] == ["sigma4__k1"] and r["complete"]
     assert smm.tuning_cells(r) == ["fp32__k1", "sigma4__k1"]
+    # two qualifying cells at k = 1: the smaller dose ranks
+    gold["sigma1__k1"] = {"uncorrected": [0.3, 0.2, 0.25], "rgpo": [1.5, 1.6, 1.55], "tis": [1.4, 1.5, 1.45]}
+    r = smm.precheck_decision(gold, sft)
+    assert r["qualifying_cells"] == ["sigma4__k1", "sigma1__k1"] and r["ranking_cells"] == ["sigma1__k1"]
     assert smm.tuning_cells({"ranking_cells": []}) == ["fp32__k4", "sigma0.15__k4"]
+
+
+def test_selection_takes_the_highest_mean_validation_gold_and_waits_for_unfinished_arms(out, tmp_path):
+    _precheck_json(out, [])  # tuning cells fp32__k4, sigma0.15__k4; 8 arms
+    results = tmp_path / "results"
+    means = {"1.25e-5": 1.0, "2.5e-5": 1.3, "5e-5": 1.2}
+    for arm in SIX:  # token_mask and cispo never finish
+        for lr, mean in means.items():
+            for i, (cell, seed) in enumerate(
+                itertools.product(["fp32__k4", "sigma0.15__k4"], (201, 202, 203))
+            ):
+                d = (
+                    results
+                    / "v3"
+                    / "sync_mismatch_tune"
+                    / f"{smm.ARMS[arm][0]}__{arm}__{cell}__lr{lr}__s{seed}"
+                )
+                d.mkdir(parents=True)
+                gold = mean + (1.0 if arm == "tis" and lr == "5e-5" and i == 0 else 0.0)  # one run lifts 5e-5
+                (d / "validation.json").write_text(
+                    json.dumps({"gold": gold, "iterations": [100], "expected_iterations": [100]})
+                )
+    r = smm.select(str(results), str(out))
+    assert r["selected_lr"] == {
+        **{a: "2.5e-5" for a in SIX},
+        "tis": "5e-5",
+        "token_mask": None,
+        "cispo": None,
+    }
+    assert r["gold"]["tis"]["5e-5"] == pytest.approx(1.2 + 1.0 / 6)  # 1.367 > 1.3
