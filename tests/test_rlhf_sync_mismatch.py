@@ -251,3 +251,40 @@ def test_selection_takes_the_highest_mean_validation_gold_and_waits_for_unfinish
         "cispo": None,
     }
     assert r["gold"]["tis"]["5e-5"] == pytest.approx(1.2 + 1.0 / 6)  # 1.367 > 1.3
+
+
+def _finished(results: Path, name: str, gold: float) -> None:
+    d = results / "v3" / "sync_mismatch_precheck" / name
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text("{}")
+    (d / "heldout.json").write_text(json.dumps({"gold": gold, "kl_ref": 0.5}))
+
+
+def test_precheck_reads_the_runs_then_asks_for_stage_b(out, tmp_path):
+    results = tmp_path / "results"
+    with pytest.raises(SystemExit, match="stage A"):
+        smm.precheck(str(results), str(out))
+    for i, seed in enumerate((101, 102, 103)):
+        _finished(results, f"sft__s{seed}", 1.1 + 0.01 * i)
+        for cell in CELLS:  # only sigma4 at k = 1 falls
+            _finished(
+                results,
+                f"grpo__uncorrected__{cell}__s{seed}",
+                (0.1 if cell == "sigma4__k1" else 1.2) + 0.02 * i,
+            )
+    r = smm.precheck(str(results), str(out))
+    assert [c for c, a in r["a"].items() if a["hurt"]] == ["sigma4__k1"] and not r["complete"]
+    assert "In progress" in (out / "precheck.md").read_text()
+    stage_b = {
+        _key(x) for x in rlhf_suite.SUITE_BUILDERS["v3/sync_mismatch_precheck"]("unused") if x.method != "sft"
+    }
+    assert {(a, c) for a, c, _ in stage_b if a != "uncorrected"} == {
+        ("rgpo", "sigma4__k1"),
+        ("tis", "sigma4__k1"),
+    }
+    for i, seed in enumerate((101, 102, 103)):
+        _finished(results, f"rgpo_old__rgpo__sigma4__k1__s{seed}", 1.6 + 0.02 * i)
+        _finished(results, f"grpo__tis__sigma4__k1__s{seed}", 1.4 + 0.02 * i)
+    r = smm.precheck(str(results), str(out))
+    assert r["complete"] and r["ranking_cells"] == ["sigma4__k1"] and r["b"]["sigma4__k1"]["best"] == "rgpo"
+    assert "Ranking cells: sigma4__k1." in (out / "precheck.md").read_text()
