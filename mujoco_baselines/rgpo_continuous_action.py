@@ -437,7 +437,10 @@ if __name__ == "__main__":
 
     agent = Agent(env.obs_dim, env.act_dim, args.hidden_size)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    classifier = make_classifier(env.obs_dim + env.act_dim) if args.acceptance_classifier else None
+    classifier = None
+    if args.acceptance_classifier:  # its initial draws forked off: a seed's rollouts are the plain run's
+        with torch.random.fork_rng():
+            classifier = make_classifier(env.obs_dim + env.act_dim)
     if classifier is not None:
         classifier_optimizer = torch.optim.Adam(classifier.parameters(), lr=args.classifier_lr, eps=1e-5)
     # --policy-lag L: the actor that collects holds the policy weights of L iterations before (a ring of them)

@@ -200,7 +200,12 @@ def test_script_runs_one_iteration_with_the_classifier(tmp_path, monkeypatch):
     assert 0.0 < bce < 5.0
     assert g["classifier_optimizer"].param_groups[0]["lr"] == 1e-3
     assert all(s["step"] == 8 for s in g["classifier_optimizer"].state.values())  # 2 epochs x 4 mini-batches
-    assert not torch.equal(g["agent"].actor_logstd, runs["plain"][0]["agent"].actor_logstd)
+    # the same rollout and mini-batches as the plain run (the classifier's initial draws are forked off), so
+    # the policies differ by alpha in the loss alone
+    plain = runs["plain"][0]
+    for name in ("obs", "actions", "b_advantages", "b_oldlogprobs"):
+        assert torch.equal(g[name], plain[name]), name
+    assert not torch.equal(g["agent"].actor_logstd, plain["agent"].actor_logstd)
 
 
 @pytest.mark.parametrize(

@@ -299,6 +299,11 @@ def test_a_low_precision_copy_is_synced_and_reports_its_own_log_probs(
         ({"use_in_process_sampler": True, "sampler_top_p": 1.5}, r"sampler_top_p must be in \(0, 1\]"),
         ({"use_in_process_sampler": True, "sampler_dtype": "float16"}, "sampler_dtype must be one of"),
         ({"use_in_process_sampler": True, "use_vllm": True}, "set use_vllm=False"),
+        (
+            {"use_in_process_sampler": True, "use_transformers_continuous_batching": True},
+            "set use_transformers_continuous_batching=False",
+        ),
+        ({"use_in_process_sampler": True, "use_transformers_paged": True}, "use_transformers_paged=False"),
         ({"use_in_process_sampler": True, "top_p": 0.9}, "top_p=0.9 is not supported with use_in_process"),
         ({"use_in_process_sampler": True, "repetition_penalty": 1.1}, "repetition_penalty=1.1 is not"),
         (

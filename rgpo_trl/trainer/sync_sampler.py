@@ -125,10 +125,11 @@ class InProcessSamplerArguments:
                 "use_in_process_sampler=True replaces vLLM (it is installed where TRL keeps its vLLM "
                 "engine): set use_vllm=False"
             )
-        if self.use_transformers_continuous_batching:
+        # use_transformers_paged: GRPOConfig's deprecated name, made continuous batching after this check
+        if self.use_transformers_continuous_batching or getattr(self, "use_transformers_paged", False):
             raise ValueError(
                 "use_in_process_sampler=True generates with its own sampler: set "
-                "use_transformers_continuous_batching=False"
+                "use_transformers_continuous_batching=False (and use_transformers_paged=False)"
             )
         for name, neutral in NEUTRAL_SAMPLING.items():
             value = getattr(self, name)
