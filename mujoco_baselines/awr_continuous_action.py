@@ -348,6 +348,8 @@ if __name__ == "__main__":
             f"total_timesteps {args.total_timesteps} is not a multiple of num_steps {args.num_steps}: "
             f"running {args.num_iterations} iterations = {args.num_iterations * args.num_steps} steps"
         )
+    if args.compile:  # before anything is written
+        require_cpp_compiler()
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(f"runs/{run_name}")
     writer.add_text(
@@ -365,7 +367,6 @@ if __name__ == "__main__":
     agent = Agent(env.obs_dim, env.act_dim, args.hidden_size)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     if args.compile:  # --compile: the update step compiled once, the rollout's policy mean in numpy
-        require_cpp_compiler()
         loss_fn = functools.partial(minibatch_loss, args=args)
         update_step = compiled_update(agent, optimizer, loss_fn, args.max_grad_norm)
         policy_mean = numpy_policy_mean(agent)

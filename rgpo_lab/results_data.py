@@ -94,9 +94,13 @@ class Manifest:
             }
         except (ValueError, KeyError, TypeError) as e:
             raise PerStepDataError(f"{path} is not a valid per-step data manifest ({e!r})") from e
+        owner: dict[str, str] = {}
         for name, rec in suites.items():
             if rec.source not in ("tree", "pack") or (rec.source == "pack" and not rec.pack):
                 raise PerStepDataError(f"{path}: suite {name}: source must be 'tree' or 'pack' (with a path)")
+            for p in rec.files:
+                if owner.setdefault(p, name) != name:
+                    raise PerStepDataError(f"{path}: results/{p} is recorded by {owner[p]} and by {name}")
         return cls(suites)
 
     def save(self, root: str = ROOT) -> None:
@@ -346,6 +350,13 @@ def pack(root: str, suite: str, message: str | None = None) -> SuiteRecord:
     it in a second commit that records it in the manifest: two commits, the logs reachable from the first."""
     _clean_index(root)
     logs = _logs_under(root, suite)
+    tracked = _git(root, "ls-files", "--", *(f"results/{p}" for p in logs)).split()
+    if tracked:
+        raise PerStepDataError(f"{tracked[0].decode()} is tracked: untrack the suite instead of packing it")
+    recorded = Manifest.load(root).recorded_files()
+    for p in logs:
+        if p in recorded and recorded[p][0] != suite:
+            raise PerStepDataError(f"results/{p} is recorded by suite {recorded[p][0]} already")
     data = pack_bytes(root, logs)
     rel = f"{PACK_DIR}/{suite.replace('/', '__')}.tar.xz".replace(os.sep, "/")
     os.makedirs(os.path.join(root, PACK_DIR), exist_ok=True)

@@ -179,6 +179,8 @@ def heldout(results: str, suite: str, name: str) -> dict | None:
         return None
     with open(path) as f:
         h = json.load(f)
+    if h.get("gold") is None:  # a finished run without its measurement: the rule has no way to read it
+        raise SystemExit(f"{path}: the test gold is null: rerun this run before the rule reads the cell")
     return {k: float("nan") if h.get(k) is None else float(h[k]) for k in ("gold", "kl_ref")}
 
 
@@ -216,9 +218,10 @@ def precheck_decision(gold: dict[str, dict[str, list[float]]], sft: list[float])
     }
 
 
-def precheck(results: str = RESULTS, out: str = OUT) -> dict:
+def precheck(results: str | None = None, out: str | None = None) -> dict:
     """Reads the pre-check's runs and applies the rule; writes precheck.json / precheck.md once stage A has
-    finished."""
+    finished (``results``, ``out``: `RESULTS`, `OUT` as they are at the call)."""
+    results, out = results or RESULTS, out or OUT
     suite = "v3/sync_mismatch_precheck"
     gold: dict[str, dict[str, list[float]]] = {}
     for k in REUSE:
@@ -298,12 +301,15 @@ def validation_gold(run_dir: str) -> float | None:
         v = json.load(f)
     if v["iterations"] != v["expected_iterations"]:
         raise SystemExit(f"{path}: evaluated at {v['iterations']}, expected {v['expected_iterations']}")
-    return float("nan") if v["gold"] is None else float(v["gold"])
+    if v["gold"] is None:  # a finished run without its measurement: the selection has no way to read it
+        raise SystemExit(f"{path}: the validation gold is null: rerun this run before the selection")
+    return float(v["gold"])
 
 
-def select(results: str = RESULTS, out: str = OUT) -> dict:
+def select(results: str | None = None, out: str | None = None) -> dict:
     """Each arm's rate: the highest mean validation gold over the tuning cells and seeds (an arm waits until
-    all its runs have finished)."""
+    all its runs have finished; ``results``, ``out``: `RESULTS`, `OUT` as they are at the call)."""
+    results, out = results or RESULTS, out or OUT
     decided = read_json("precheck.json", out)
     cells = tuning_cells(decided)
     table: dict[str, dict[str, float | None]] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _mujoco_utils import needs_compiler
-from test_mujoco_script_vs_lab import KL_PENALTY, SHORT, STALE, compare, run_lab, run_script
+from test_mujoco_script_vs_lab import KL_PENALTY, SHORT, STALE, Recorder, compare, run_lab, run_script
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
@@ -61,13 +61,17 @@ def test_compiled_script_differs_from_eager_by_rounding(tmp_path, monkeypatch):
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4)
 
 
-def test_compile_without_a_cpp_compiler_stops_in_one_line(tmp_path, monkeypatch):
-    """No C++ compiler for inductor: the script stops at setup with one line naming the flag."""
+@pytest.mark.parametrize("method", ["ppo", "rgpo", "trpo", "awr"])
+def test_compile_without_a_cpp_compiler_stops_in_one_line(method, tmp_path, monkeypatch):
+    """No C++ compiler for inductor: the script stops at setup with one line naming the flag, before its
+    TensorBoard writer exists (nothing written)."""
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no working C++ compiler found")
 
     monkeypatch.setattr("torch._inductor.cpp_builder.get_cpp_compiler", no_compiler)
+    Recorder.last = None
     with pytest.raises(SystemExit) as stop:
-        run_script("awr", [*SHORT, *FAST], tmp_path, monkeypatch)
+        run_script(method, [*SHORT, *FAST], tmp_path, monkeypatch)
     assert str(stop.value).startswith("error: compile: torch.compile needs a C++ compiler (no working C++")
+    assert Recorder.last is None

@@ -199,3 +199,22 @@ def test_untrack_takes_several_suites_in_one_index_change(repo):
     assert not [p for p in git(repo, "ls-files").split() if p.endswith("metrics.csv")]
     with pytest.raises(rd.PerStepDataError, match="staged changes"):  # the removal is staged, not committed
         rd.untrack(str(repo), ["area/a"])
+
+
+def test_pack_refuses_tracked_logs_and_logs_another_suite_records(repo):
+    with pytest.raises(rd.PerStepDataError, match="is tracked: untrack the suite"):
+        rd.pack(str(repo), "area/a")
+    rd.untrack(str(repo), ["area"])  # a suite named by the parent folder records both
+    git(repo, "commit", "-q", "-m", "untrack area")
+    with pytest.raises(rd.PerStepDataError, match="is recorded by suite area already"):
+        rd.pack(str(repo), "area/a")
+
+
+def test_a_manifest_recording_one_file_twice_is_refused(repo):
+    rd.untrack(str(repo), ["area/a"])
+    git(repo, "commit", "-q", "-m", "untrack")
+    manifest = json.loads((repo / rd.MANIFEST).read_text())
+    manifest["suites"]["area"] = manifest["suites"]["area/a"]
+    (repo / rd.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(rd.PerStepDataError, match="is recorded by area"):
+        rd.Manifest.load(str(repo))

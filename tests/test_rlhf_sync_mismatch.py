@@ -288,3 +288,29 @@ def test_precheck_reads_the_runs_then_asks_for_stage_b(out, tmp_path):
     r = smm.precheck(str(results), str(out))
     assert r["complete"] and r["ranking_cells"] == ["sigma4__k1"] and r["b"]["sigma4__k1"]["best"] == "rgpo"
     assert "Ranking cells: sigma4__k1." in (out / "precheck.md").read_text()
+
+
+def test_a_finished_run_without_its_gold_stops_the_rule_in_one_line(out, tmp_path):
+    """A null gold is a failed measurement: the pre-check and the selection name the run instead of dropping
+    it or writing NaN."""
+    results = tmp_path / "results"
+    _finished(results, "sft__s101", 1.0)
+    (results / "v3" / "sync_mismatch_precheck" / "sft__s101" / "heldout.json").write_text(
+        json.dumps({"gold": None, "kl_ref": 0.5})
+    )
+    with pytest.raises(SystemExit, match=r"sft__s101/heldout.json: the test gold is null"):
+        smm.heldout(str(results), "v3/sync_mismatch_precheck", "sft__s101")
+    d = tmp_path / "tune_run"
+    d.mkdir()
+    (d / "validation.json").write_text(
+        json.dumps({"gold": None, "iterations": [1], "expected_iterations": [1]})
+    )
+    with pytest.raises(SystemExit, match="the validation gold is null"):
+        smm.validation_gold(str(d))
+
+
+def test_the_output_folder_is_read_at_call_time(out, tmp_path, monkeypatch):
+    monkeypatch.setattr(smm, "RESULTS", str(tmp_path / "nothing"))
+    monkeypatch.setattr(smm, "OUT", str(out))
+    with pytest.raises(SystemExit, match="stage A"):  # reads the patched RESULTS, not the checkout's
+        smm.precheck()
