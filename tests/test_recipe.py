@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trl
 import yaml
 from _references import paper_rule
 from conftest import assets_cache_root
@@ -82,9 +83,10 @@ def test_paper_preset_resolves_to_the_papers_hyperparameters(tmp_path):
 @pytest.mark.parametrize(
     "method,loss_type,beta,config",
     [
-        ("grpo", "grpo", 0.0, "GRPOConfig"),
-        ("ppo_clip_kl", "dapo", 0.05, "GRPOConfig"),
-        ("sapo", "sapo", 0.05, "GRPOConfig"),
+        # TRL's GRPOConfig with the in-process sampler's fields (off by default)
+        ("grpo", "grpo", 0.0, "GRPOSamplerConfig"),
+        ("ppo_clip_kl", "dapo", 0.05, "GRPOSamplerConfig"),
+        ("sapo", "sapo", 0.05, "GRPOSamplerConfig"),
         ("rgpo", "dapo", 0.05, "RGPOConfig"),
     ],
 )
@@ -565,5 +567,6 @@ def test_cispo_is_trls_cispo_loss_with_the_shared_reference_penalty(tmp_path):
         ],
         check_hub=False,
     )
-    assert type(training_args).__name__ == "GRPOConfig" and training_args.loss_type == "cispo"
+    assert type(training_args).__name__ == "GRPOSamplerConfig" and training_args.loss_type == "cispo"
+    assert isinstance(training_args, trl.GRPOConfig) and not training_args.use_in_process_sampler
     assert training_args.epsilon_high == 5.0 and training_args.beta == 0.05
