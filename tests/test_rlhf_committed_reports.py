@@ -34,11 +34,18 @@ def test_v3_final_report_rebuilds(tmp_path):
     _same_as_committed(tmp_path, "results/rlhf/v3/final/report")
 
 
-def test_v3_studies_report_rebuilds(tmp_path):
+def test_v3_studies_report_rebuilds(tmp_path, monkeypatch):
+    from rgpo_lab.rlhf_report import build
     from rgpo_lab.rlhf_report.__main__ import main
 
-    main([os.path.join(ROOT, "results/rlhf/v3"), "--studies", "--out", str(tmp_path)])
-    _same_as_committed(tmp_path, "results/rlhf/v3/report")
+    # the studies' command also rebuilds final/report in place: here into tmp_path, never the checkout
+    build_report = build.build_report
+    monkeypatch.setattr(
+        build, "build_report", lambda r, out, *a: build_report(r, str(tmp_path / "final"), *a)
+    )
+    main([os.path.join(ROOT, "results/rlhf/v3"), "--studies", "--out", str(tmp_path / "studies")])
+    _same_as_committed(tmp_path / "studies", "results/rlhf/v3/report")
+    _same_as_committed(tmp_path / "final", "results/rlhf/v3/final/report")
 
 
 def test_v3_mismatch_report_rebuilds(tmp_path):
