@@ -153,56 +153,27 @@ def main(script_args: HHScriptArguments, training_args, model_args) -> dict:
             script_args, training_args, model_args, tokenizer, dataset, reward_funcs, reward_weights
         )
         method = get_async_method(script_args.method)
-        if method.trainer == "rgpo":  # rgpo, rgpo_old and the off-policy corrections
-            trainer = AsyncRGPOTrainer(
-                model=model_args.model_name_or_path,
-                reward_funcs=reward_funcs,
-                args=training_args,
-                train_dataset=dataset,
-                processing_class=tokenizer,
-                peft_config=peft_config,
-                **workers,
-            )
-        else:  # grpo: TRL's own
-            trainer = AsyncGRPOTrainer(
-                model=model_args.model_name_or_path,
-                reward_funcs=reward_funcs,
-                args=training_args,
-                train_dataset=dataset,
-                processing_class=tokenizer,
-                peft_config=peft_config,
-                **workers,
-            )
+        # rgpo, rgpo_old and the off-policy corrections: AsyncRGPOTrainer; grpo: TRL's own
+        trainer_cls = AsyncRGPOTrainer if method.trainer == "rgpo" else AsyncGRPOTrainer
     else:
+        workers = {}
         method = get_rlhf_method(script_args.method)
         # each with the KL_ref and behaviour-ratio monitors mixed in (recipes.hh_rlhf.trainers)
         if method.trainer == "rgpo":  # rgpo, rgpo_old: RGPOTrainer
-            trainer = RGPOMonitoredTrainer(
-                model=model_args.model_name_or_path,
-                reward_funcs=reward_funcs,
-                args=training_args,
-                train_dataset=dataset,
-                processing_class=tokenizer,
-                peft_config=peft_config,
-            )
+            trainer_cls = RGPOMonitoredTrainer
         elif method.trainer == "ppo":  # PPO-RLHF with its value model: PPORLHFTrainer
-            trainer = PPORLHFMonitoredTrainer(
-                model=model_args.model_name_or_path,
-                reward_funcs=reward_funcs,
-                args=training_args,
-                train_dataset=dataset,
-                processing_class=tokenizer,
-                peft_config=peft_config,
-            )
+            trainer_cls = PPORLHFMonitoredTrainer
         else:  # grpo, ppo_clip_kl, sapo, cispo: TRL's GRPOTrainer with its own loss_type
-            trainer = GRPOMonitoredTrainer(
-                model=model_args.model_name_or_path,
-                reward_funcs=reward_funcs,
-                args=training_args,
-                train_dataset=dataset,
-                processing_class=tokenizer,
-                peft_config=peft_config,
-            )
+            trainer_cls = GRPOMonitoredTrainer
+    trainer = trainer_cls(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        **workers,  # the asynchronous trainers' rollout workers
+    )
     place_reward_model(reward_model, trainer)
     trainer.add_callback(
         IterationMetricsWriter(
