@@ -21,6 +21,8 @@ import sys
 
 import numpy as np
 
+from rgpo_lab import rlhf_mismatch as mm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results", "rlhf")
 OUT = os.path.join(RESULTS, "v3", "sync_mismatch")
@@ -164,11 +166,8 @@ Words: "higher / lower" only after Holm; otherwise "no significant difference (n
 
 
 def read_json(name: str, out: str | None = None) -> dict | None:
-    path = os.path.join(out or OUT, name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    """``<out>/<name>`` (`OUT` by default) as JSON, None while it does not exist (`rlhf_mismatch`'s)."""
+    return mm.read_json(name, out or OUT)
 
 
 # ---------------------------------------------------------------------------------------------- pre-check
