@@ -47,6 +47,9 @@ def assets_cache_root(assets):
     return assets.root.parent.parent
 
 
+_RESULTS_DATA_STATUS: dict = {}  # suites -> rgpo_lab.results_data.status of them
+
+
 def pytest_runtest_setup(item):
     """``@pytest.mark.results_data("rlhf/v3", ...)``: the test reads those suites' per-step logs, which are
     not tracked. Skipped (with the command) while they are not restored; failed when one on disk has another
@@ -56,7 +59,9 @@ def pytest_runtest_setup(item):
         return
     from rgpo_lab.results_data import status
 
-    for suite, st in status(suites=marker.args).items():
+    if marker.args not in _RESULTS_DATA_STATUS:  # hashed once a session, not once a test
+        _RESULTS_DATA_STATUS[marker.args] = status(suites=marker.args)
+    for suite, st in _RESULTS_DATA_STATUS[marker.args].items():
         if st.different:
             pytest.fail(f"results/{st.different[0]} differs from results/per_step_data.json ({suite})")
         if st.missing:
