@@ -11,7 +11,13 @@ import pytest
 from scipy import stats
 
 from rgpo_lab import rlhf_mismatch as mm
-from rgpo_lab import rlhf_mismatch_report as rep
+from rgpo_lab.rlhf_report import (
+    mismatch,
+    mismatch_figures,
+    mismatch_markdown,
+    mismatch_runs,
+    mismatch_verdicts,
+)
 from rgpo_lab.rlhf_suite import SUITE_BUILDERS
 
 
@@ -56,15 +62,17 @@ def test_tests_match_scipy_and_holm_and_matched_kl(tmp_path, monkeypatch):
     gold = {("ignore", "sigma1.0"): 1.0, ("tis", "sigma1.0"): 2.5, ("icepop", "sigma1.0"): 2.5}
     kl = {("icepop", "sigma1.0"): 0.5}  # icepop wins on gold but at a much higher KL_ref
     results = _study(tmp_path, monkeypatch, gold, kl)
-    md = rep.build(results, str(tmp_path / "out"))
+    md = mismatch.build(results, str(tmp_path / "out"))
     s = json.loads((tmp_path / "out" / "studies.json").read_text())
-    data, missing, failed = rep.load(results)
+    data, missing, failed = mismatch_runs.load(results)
     assert missing == [] and failed == [] and "Status: **final**" in md
     cell = s["cells"]["sigma1.0"]["vs_rgpo"]
     arms = [a for a in mm.ARMS if a != "rgpo"]
     ps = [
         stats.ttest_ind(
-            rep._values(data, "sigma1.0", a), rep._values(data, "sigma1.0", "rgpo"), equal_var=False
+            mismatch_runs.values(data, "sigma1.0", a),
+            mismatch_runs.values(data, "sigma1.0", "rgpo"),
+            equal_var=False,
         ).pvalue
         for a in arms
     ]
@@ -91,14 +99,14 @@ def test_tests_match_scipy_and_holm_and_matched_kl(tmp_path, monkeypatch):
     assert f"rgpo against the best peer ({peer}): {expected[peer]}" in md
     gold_curve = dict(data["fp32"]["tis"][0]["curves"]["gold"])
     assert gold_curve[400] - gold_curve[300] == pytest.approx(0.1)
-    assert rep._binned([(1, 1.0), (20, 3.0), (21, 5.0)]) == {20: 2.0, 40: 5.0}
+    assert mismatch_figures.binned([(1, 1.0), (20, 3.0), (21, 5.0)]) == {20: 2.0, 40: 5.0}
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0 and (tmp_path / "out" / "gate.png").exists()
 
 
 def test_partial_study_is_interim(tmp_path, monkeypatch):
     skip = {"rgpo_mu__rgpo__lag32__s5"}
     results = _study(tmp_path, monkeypatch, {}, skip=skip)
-    md = rep.build(results, str(tmp_path / "out"))
+    md = mismatch.build(results, str(tmp_path / "out"))
     assert "INTERIM" in md and "| v3/mismatch_lag | lag32 | 1 | s5 |" in md
     studies = json.loads((tmp_path / "out" / "studies.json").read_text())
     assert studies["missing"] == ["v3/mismatch_lag/rgpo_mu__rgpo__lag32__s5"]
@@ -109,7 +117,7 @@ def test_untested_hurt_is_not_called_not_hurt(tmp_path, monkeypatch):
     says so instead of "not hurt"."""
     skip = {f"ignore__ignore__int8__s{seed}" for seed in (2, 3, 4, 5)}
     results = _study(tmp_path, monkeypatch, {}, skip=skip)
-    md = rep.build(results, str(tmp_path / "out"))
+    md = mismatch.build(results, str(tmp_path / "out"))
     hurt = json.loads((tmp_path / "out" / "studies.json").read_text())["hurt"]
     assert hurt["int8"]["state"] == "not tested" and hurt["sigma0.5"]["state"] == "not hurt"
     assert "**int8** (whether ignore is hurt is not tested yet" in md
@@ -118,7 +126,7 @@ def test_untested_hurt_is_not_called_not_hurt(tmp_path, monkeypatch):
 def test_ignore_significantly_higher_is_not_hurt_and_says_higher(tmp_path, monkeypatch):
     """A small Holm p beside "not hurt" where ignore's gold is above fp32 says "higher" (not nearly hurt)."""
     results = _study(tmp_path, monkeypatch, {("ignore", "lag32"): 3.0})
-    md = rep.build(results, str(tmp_path / "out"))
+    md = mismatch.build(results, str(tmp_path / "out"))
     hurt = json.loads((tmp_path / "out" / "studies.json").read_text())["hurt"]
     assert hurt["lag32"]["state"] == "not hurt" and hurt["lag32"]["p_holm"] <= 0.05
     assert "**lag32** (ignore is not hurt here, its gold higher (n = 5 vs 5" in md
@@ -128,7 +136,7 @@ def test_ignore_significantly_higher_is_not_hurt_and_says_higher(tmp_path, monke
 
 def test_matched_kl_words_name_the_winner():
     """The rule's words from rgpo's side; a win at a significantly higher KL_ref is the winner's, named."""
-    w = rep.matched_kl_words
+    w = mismatch_verdicts.matched_kl_words
     assert w("tis", 0.3, 0.01, 0.0, 0.9) == "rgpo lower than tis"
     assert w("tis", -0.3, 0.01, 0.0, 0.9) == "rgpo higher than tis"
     assert w("tis", 0.3, 0.01, 0.5, 0.01) == "tis higher gold at a higher KL_ref: undecided"
@@ -137,7 +145,10 @@ def test_matched_kl_words_name_the_winner():
     assert w("tis", 0.3, 0.01, 0.5, float("nan")) == "tis higher gold, KL_ref not testable: undecided"
     assert w("tis", 0.3, 0.2, 0.5, 0.01) == "no significant difference"
     row = {"gold_diff_vs_rgpo": 0.3, "n": 5, "n_rgpo": 4, "p_holm": 0.0496, "verdict": "rgpo lower than tis"}
-    assert rep._against_peer("tis", row) == "rgpo lower than tis (gold -0.300, n = 4 / 5, Holm p = 0.0496)"
+    assert (
+        mismatch_markdown._against_peer("tis", row)
+        == "rgpo lower than tis (gold -0.300, n = 4 / 5, Holm p = 0.0496)"
+    )
 
 
 def test_crashed_runs_are_failed_and_diverged_runs_named(tmp_path, monkeypatch):
@@ -148,7 +159,7 @@ def test_crashed_runs_are_failed_and_diverged_runs_named(tmp_path, monkeypatch):
     crashed = tmp_path / "rlhf" / "v3" / "mismatch" / "tis__tis__int8__s3"
     crashed.mkdir(parents=True)
     (crashed / "run.log").write_text("step 3\nTraceback (most recent call last):\nValueError: kl\n")
-    md = rep.build(results, str(tmp_path / "out"))
+    md = mismatch.build(results, str(tmp_path / "out"))
     s = json.loads((tmp_path / "out" / "studies.json").read_text())
     assert s["failed"] == ["v3/mismatch/tis__tis__int8__s3"] and s["status"] == "interim"
     assert "## Failed (1" in md and "INTERIM" in md
@@ -161,19 +172,21 @@ def test_every_arm_against_the_best_peer_is_holm_over_the_other_arms(tmp_path, m
     peer's runs, Holm over the seven other arms, the matched-KL words from the peer's side."""
     gold = {("tis", "sigma1.0"): 2.6, ("rgpo", "sigma1.0"): 1.0, ("rgpo_gate", "sigma1.0"): 2.55}
     results = _study(tmp_path, monkeypatch, gold)
-    md = rep.build(results, str(tmp_path / "out"))
+    md = mismatch.build(results, str(tmp_path / "out"))
     s = json.loads((tmp_path / "out" / "studies.json").read_text())
-    data, _, _ = rep.load(results)
+    data, _, _ = mismatch_runs.load(results)
     cell = s["cells"]["sigma1.0"]
     assert cell["best_peer"] == "tis"
     rows = cell["vs_best_peer"]
     arms = [a for a in mm.ARMS if a != "tis"]
     assert list(rows) == arms
-    tis = rep._values(data, "sigma1.0", "tis")
-    ps = [stats.ttest_ind(rep._values(data, "sigma1.0", a), tis, equal_var=False).pvalue for a in arms]
+    tis = mismatch_runs.values(data, "sigma1.0", "tis")
+    ps = [
+        stats.ttest_ind(mismatch_runs.values(data, "sigma1.0", a), tis, equal_var=False).pvalue for a in arms
+    ]
     assert [rows[a]["p_holm"] for a in arms] == pytest.approx(_holm_by_hand(ps))
     assert rows["rgpo"]["gold_diff"] == pytest.approx(
-        np.mean(rep._values(data, "sigma1.0", "rgpo")) - np.mean(tis)
+        np.mean(mismatch_runs.values(data, "sigma1.0", "rgpo")) - np.mean(tis)
     )
     assert rows["rgpo"]["verdict"] == "tis higher than rgpo"
     assert rows["ignore"]["verdict"] == "tis higher than ignore"  # ignore at 2.0 against tis at 2.6
@@ -193,18 +206,24 @@ def test_sensitivity_section_gate_shares_detectable_differences_and_resumed_runs
     launch = {"command": ["python", "recipes/hh_rlhf_qwen.py", "--seed", "3"], "git_commit": "abc"}
     resumed = {**launch, "command": [*launch["command"], "--resume_from_checkpoint", f"{run}/checkpoint-200"]}
     (run / "run_info.json").write_text(json.dumps([launch, resumed]))
-    md = rep.build(results, str(tmp_path / "out"))
+    md = mismatch.build(results, str(tmp_path / "out"))
     sens = json.loads((tmp_path / "out" / "studies.json").read_text())["sensitivity"]
-    data, _, _ = rep.load(results)
+    data, _, _ = mismatch_runs.load(results)
     assert sens["rejected"]["fp32"]["rgpo_gate"] == pytest.approx([0.1] * 5)  # window steps 305-400 only
     assert set(sens["rejected"]["fp32"]) == {"rgpo", "rgpo_gate", "rgpo_dual"}
-    family = next(f for f in rep.families(data) if "int8" in f)
+    family = next(f for f in mismatch_verdicts.families(data) if "int8" in f)
     expected = smallest_detectable_difference(
-        rep._values(data, "int8", "ignore"), rep._values(data, "fp32", "ignore"), 0.05 / len(family), 0.8
+        mismatch_runs.values(data, "int8", "ignore"),
+        mismatch_runs.values(data, "fp32", "ignore"),
+        0.05 / len(family),
+        0.8,
     )
     assert sens["detectable_change_from_control"]["ignore"]["int8"] == pytest.approx(expected)
     expected = smallest_detectable_difference(
-        rep._values(data, "sigma1.0", "rgpo_gate"), rep._values(data, "sigma1.0", "tis"), 0.05 / 7, 0.8
+        mismatch_runs.values(data, "sigma1.0", "rgpo_gate"),
+        mismatch_runs.values(data, "sigma1.0", "tis"),
+        0.05 / 7,
+        0.8,
     )
     assert sens["detectable_vs_best_peer"]["sigma1.0"]["rgpo_gate"] == pytest.approx(expected)
     assert sens["resumed"] == {"tis int8 s3": ["checkpoint-200"]}

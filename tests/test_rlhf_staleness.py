@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rgpo_lab import rlhf_staleness
+from rgpo_lab.rlhf_report import staleness
 from rgpo_lab.rlhf_report.build import build_studies
 from rgpo_lab.rlhf_report.runs import load
 from rgpo_lab.statistics import holm
@@ -56,8 +56,8 @@ def study(tmp_path):
 
 def test_staleness_tests_follow_the_reading_rule(study):
     runs = load(str(study / "stale_sync"))
-    points = rlhf_staleness.staleness_points(runs, "stale_sync")
-    tests = {t["method"]: t for t in rlhf_staleness.staleness_tests(points, "stale_sync")}
+    points = staleness.staleness_points(runs, "stale_sync")
+    tests = {t["method"]: t for t in staleness.staleness_tests(points, "stale_sync")}
     # A: two-sided Welch at S = 16, Holm over the methods that have runs there (grpo, cispo)
     p = {
         m: stats.ttest_ind(GOLD[("rgpo", 16)], GOLD[(m, 16)], equal_var=False).pvalue
@@ -100,7 +100,7 @@ def test_staleness_tests_follow_the_reading_rule(study):
 
 def test_window_metrics_and_the_section(study):
     runs = load(str(study / "stale_sync"))
-    points = rlhf_staleness.staleness_points(runs, "stale_sync")
+    points = staleness.staleness_points(runs, "stale_sync")
     p16 = next(p for p in points if p["method"] == "rgpo" and p["level"] == 16)
     # window = iterations 20-25 = steps 305-400: the mean over the batch's 16 steps,
     # the largest incl. step 390
@@ -131,7 +131,7 @@ def _row(a_diff, a_p_holm, low, high, method="grpo"):
 
 
 def test_the_verdict_words_of_the_rule():
-    v = rlhf_staleness.verdict
+    v = staleness.verdict
     assert v(_row(+0.3, 0.01, 0.1, 0.5)) == "RGPO is more robust to staleness than grpo"
     assert v(_row(-0.3, 0.01, -0.5, -0.1)) == "grpo is more robust to staleness than RGPO"
     assert v(_row(+0.1, 0.40, -0.2, 0.3)) == "no difference"
@@ -173,7 +173,7 @@ def test_async_runs_read_the_async_trainers_keys(tmp_path):
         (d / "heldout.json").write_text(json.dumps({"gold": 1.0, "kl_ref": 0.1, "reward": 1.0}))
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     runs = load(str(tmp_path / "stale_async"))
-    points = {p["method"]: p for p in rlhf_staleness.staleness_points(runs, "stale_async") if p["level"] == 8}
+    points = {p["method"]: p for p in staleness.staleness_points(runs, "stale_async") if p["level"] == 8}
     rgpo, grpo = points["rgpo"], points["grpo"]
     assert rgpo["r_mean"].mean == pytest.approx(1.01) and rgpo["r_max"].mean == pytest.approx(3.0)
     assert rgpo["r_beyond_1.2"].mean == pytest.approx(0.05) and rgpo["kl_old"].mean == pytest.approx(0.002)
@@ -182,7 +182,7 @@ def test_async_runs_read_the_async_trainers_keys(tmp_path):
     assert grpo["r_mean"].mean == pytest.approx(1.02) and grpo["kl_old"].mean == pytest.approx(0.003)
     assert grpo["r_max"].n == 0 and grpo["staleness"].mean == pytest.approx(7.0)
     assert grpo["clip_frac"].mean == pytest.approx(0.1)
-    text = rlhf_staleness.gate_acted(list(points.values()), "stale_async")
+    text = staleness.gate_acted(list(points.values()), "stale_async")
     assert "rgpo at L = 8: the gate on r_old rejected tokens (share 0.010)" in text
     assert "the KL-to-old controller left its floor (kl_coef 0.400" in text
     # the dual gate's pi/pi_ref side, over the window (steps 305-400: half of them at 0.75)

@@ -24,5 +24,7 @@ every other method), on held-out gold, window gold and held-out KL_ref.
 """
 
 # The modules: runs (a suite folder read back), comparison (one suite's table, gold and pairwise tests),
-# dynamics (what the window means hide), studies (frontiers and batch reuse across suites), figures, and
-# build (report.md and the JSON files, the command line).
+# dynamics (what the window means hide), studies (frontiers and batch reuse across suites), staleness (the
+# staleness study's section), figures, and build (report.md and the JSON files, the command line). The
+# mismatch study's own report: mismatch (`python -m rgpo_lab.rlhf_report.mismatch`, also reached by its old
+# path rgpo_lab.rlhf_mismatch_report), mismatch_runs, mismatch_verdicts, mismatch_markdown, mismatch_figures.

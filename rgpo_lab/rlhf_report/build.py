@@ -22,8 +22,8 @@ from rgpo_lab.rlhf_report.comparison import (
 from rgpo_lab.rlhf_report.dynamics import dynamics, dynamics_markdown
 from rgpo_lab.rlhf_report.figures import dynamics_figure, figures, study_figures
 from rgpo_lab.rlhf_report.runs import load, load_suite, window_of
+from rgpo_lab.rlhf_report.staleness import STUDIES, build_staleness
 from rgpo_lab.rlhf_report.studies import frontier_interpolation, reuse_tests, study_markdown, study_points
-from rgpo_lab.rlhf_staleness import STUDIES, build_staleness
 from rgpo_lab.rlhf_suite import FRONTIER_BASE, FRONTIER_BETAS, REUSE, REUSE_BASE
 
 

@@ -45,7 +45,7 @@ def figures(runs: dict[str, list[dict]], out: str, over: dict | None = None) -> 
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    written.append(_save(fig, out, "curves.png"))
+    written.append(save_figure(fig, out, "curves.png"))
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     for i, m in enumerate(METHODS):
         rs = runs.get(m, [])
@@ -87,11 +87,12 @@ def figures(runs: dict[str, list[dict]], out: str, over: dict | None = None) -> 
     for ax in axes[:2]:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    written.append(_save(fig, out, "pareto_gold.png"))
+    written.append(save_figure(fig, out, "pareto_gold.png"))
     return written
 
 
-def _save(fig, out, name) -> str:
+def save_figure(fig, out: str, name: str) -> str:
+    """Write ``fig`` as ``out/name`` (100 dpi, tight layout), close it and return ``name``."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
@@ -133,16 +134,21 @@ def dynamics_figure(runs: dict[str, list[dict]], out: str) -> list[str]:
         ax.set_xlabel("iteration")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    return [_save(fig, out, "curves_dynamics.png")]
+    return [save_figure(fig, out, "curves_dynamics.png")]
 
 
 def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str]:
+    """frontier.png, reuse.png and reuse_per_iteration.png."""
     import matplotlib
 
     matplotlib.use("Agg")
+    return [frontier_figure(frontier, out), reuse_figure(reuse, out), reuse_per_iteration_figure(reuse, out)]
+
+
+def frontier_figure(frontier: list[dict], out: str) -> str:
+    """Gold against held-out KL_ref and proxy reward against window KL_ref, per method along beta_ref."""
     import matplotlib.pyplot as plt
 
-    written = []
     colour = {m: f"C{i}" for i, m in enumerate(METHODS)}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for m in dict.fromkeys(p["method"] for p in frontier):
@@ -165,7 +171,14 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    written.append(_save(fig, out, "frontier.png"))
+    return save_figure(fig, out, "frontier.png")
+
+
+def reuse_figure(reuse: list[dict], out: str) -> str:
+    """The batch-reuse study's held-out and window numbers against num_iterations, per method."""
+    import matplotlib.pyplot as plt
+
+    colour = {m: f"C{i}" for i, m in enumerate(METHODS)}
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     panels = [
         ("gold", "held-out gold"),
@@ -188,9 +201,14 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
             ax.set_yscale("log")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    written.append(_save(fig, out, "reuse.png"))
-    # along training, per reuse count: does the pi_old gate or the controller start to act as samples get
-    # staler?
+    return save_figure(fig, out, "reuse.png")
+
+
+def reuse_per_iteration_figure(reuse: list[dict], out: str) -> str:
+    """Along training, per method and reuse count: does the pi_old gate or the controller start to act as
+    samples get staler?"""
+    import matplotlib.pyplot as plt
+
     methods = list(dict.fromkeys(p["method"] for p in reuse))
     panels = [
         (PROXY, "proxy reward"),
@@ -226,5 +244,4 @@ def study_figures(frontier: list[dict], reuse: list[dict], out: str) -> list[str
     for ax in axes[-1]:
         ax.set_xlabel("iteration", fontsize=7)
     fig.suptitle("batch reuse along training (seed mean, bins of 25 iterations)", fontsize=9)
-    written.append(_save(fig, out, "reuse_per_iteration.png"))
-    return written
+    return save_figure(fig, out, "reuse_per_iteration.png")

@@ -15,11 +15,11 @@ training (seed mean, band +- 1 std over seeds, x in optimizer steps so every lev
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
 
+from rgpo_lab.rlhf_report.figures import save_figure
 from rgpo_lab.rlhf_suite import STALE_ASYNC, STALE_STEPS, STALE_SYNC, STALENESS_RULE
 from rgpo_lab.statistics import change_difference_test, holm, matched_difference, mean_std, welch
 
@@ -317,9 +317,15 @@ def along_training(run: dict, keys: tuple[str, ...]) -> tuple[str | None, dict[i
 
 
 def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
+    """``<suite>.png`` (every method against the level) and ``<suite>_per_step.png`` (along training)."""
     import matplotlib
 
     matplotlib.use("Agg")
+    return [level_figure(suite, points, out), per_step_figure(suite, points, out)]
+
+
+def level_figure(suite: str, points: list[dict], out: str) -> str:
+    """Per method, test gold, KL_ref and the window means against the staleness level (seed mean +- 1 std)."""
     import matplotlib.pyplot as plt
 
     letter, spec = STUDIES[suite]
@@ -335,7 +341,6 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
         ("kl_coef", "kl_coef (RGPO)"),
         ("clip_frac", "clipped / truncated fraction"),
     ]
-    written = []
     fig, axes = plt.subplots(2, 4, figsize=(16, 7))
     for ax, (key, title) in zip(axes.flat, panels, strict=True):
         for m in methods:
@@ -362,8 +367,16 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
         else:
             ax.text(0.5, 0.5, "no runs yet", ha="center", va="center", transform=ax.transAxes, fontsize=8)
     fig.suptitle(f"{suite}: against {letter} (seed mean ± 1 std)", fontsize=10)
-    written.append(_save(fig, out, f"{suite}.png"))
+    return save_figure(fig, out, f"{suite}.png")
 
+
+def per_step_figure(suite: str, points: list[dict], out: str) -> str:
+    """Per method and level, the training curves (gold, KL_ref, r_b, KLhat_old, the gate, kl_coef) in bins of
+    `STEP_BIN` optimizer steps (seed mean, band +- 1 std)."""
+    import matplotlib.pyplot as plt
+
+    letter, spec = STUDIES[suite]
+    methods = list(spec["methods"])
     # (keys, first logged wins; title); KL_ref: the monitor's (synchronous), else RGPO's own (asynchronous)
     curves = [
         (("rewards/gold/mean",), "gold (training batches)"),
@@ -408,17 +421,7 @@ def staleness_figures(suite: str, points: list[dict], out: str) -> list[str]:
     for ax in axes[-1]:
         ax.set_xlabel("optimizer step", fontsize=7)
     fig.suptitle(f"{suite} along training (seed mean, band ± 1 std, bins of {STEP_BIN} steps)", fontsize=9)
-    written.append(_save(fig, out, f"{suite}_per_step.png"))
-    return written
-
-
-def _save(fig, out: str, name: str) -> str:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, name), dpi=100)
-    plt.close(fig)
-    return name
+    return save_figure(fig, out, f"{suite}_per_step.png")
 
 
 def build_staleness(
