@@ -20,4 +20,15 @@ in issue 48; their outputs stay in results/benchmarks/ with the command and comm
 ``git log -1 -- rgpo_lab/benchmarks/<module>.py`` names the commit that removed one.
 
 common.py holds what they share (the repository root, results/benchmarks/, loading a script, writing a
-result)."""
+result).
+
+Importing the package sets what every benchmark needs before its module imports transformers (which reads
+HF_HUB_OFFLINE when imported), so the modules keep their imports at the top: the hub offline, tokenizers
+single-threaded, and TRL's warning on importing ``trl.experimental`` (async_step compares against TRL's
+AsyncGRPOTrainer from there) silenced."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -32,21 +32,17 @@ import time
 import warnings
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-warnings.filterwarnings("ignore")
+import numpy as np
+import torch
+import transformers
+import trl
+from transformers import PrinterCallback
+from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-import trl  # noqa: E402
-from transformers import PrinterCallback  # noqa: E402
-from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer  # noqa: E402
-from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # noqa: E402
-
-from rgpo_lab.benchmarks.common import RESULTS  # noqa: E402
-from rgpo_trl.async_rgpo import AsyncRGPOConfig, AsyncRGPOTrainer, install_cpu_shims  # noqa: E402
-from rgpo_trl.testing import save_tiny_model, tiny_dataset, tiny_tokenizer  # noqa: E402
+from rgpo_lab.benchmarks.common import RESULTS
+from rgpo_trl.async_rgpo import AsyncRGPOConfig, AsyncRGPOTrainer, install_cpu_shims
+from rgpo_trl.testing import save_tiny_model, tiny_dataset, tiny_tokenizer
 
 KINDS = ("grpo", "rgpo_old", "rgpo_dual")
 PROMPT, COMPLETION, PER_STEP = 12, 24, 16
@@ -184,6 +180,7 @@ def run_once(kind: str, model_dir: str, steps: int, warmup: int) -> dict:
 
 
 def main() -> None:
+    warnings.filterwarnings("ignore")  # the trainers' deprecation notices would bury the table
     parser = argparse.ArgumentParser(
         prog="python -m rgpo_lab.benchmarks.async_step",
         description=__doc__,

@@ -53,13 +53,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import torch
+from transformers import PrinterCallback, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 
-import torch  # noqa: E402
-from transformers import PrinterCallback, Qwen2Config, Qwen2ForCausalLM, TrainerCallback  # noqa: E402
-
-from rgpo_lab.benchmarks.common import ROOT  # noqa: E402
+from rgpo_lab.benchmarks.common import ROOT
 
 # the architectures' published config.json values (Qwen/Qwen2.5-1.5B-Instruct, Qwen/Qwen2.5-7B-Instruct)
 ARCHS = {

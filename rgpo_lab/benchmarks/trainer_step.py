@@ -28,17 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import torch
+import transformers
+import trl
+from transformers import PrinterCallback, set_seed
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-import trl  # noqa: E402
-from transformers import PrinterCallback, set_seed  # noqa: E402
-
-from rgpo_lab.benchmarks.common import RESULTS  # noqa: E402
-from rgpo_trl import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer  # noqa: E402
-from rgpo_trl.testing import (  # noqa: E402
+from rgpo_lab.benchmarks.common import RESULTS
+from rgpo_trl import PPORLHFConfig, PPORLHFTrainer, RGPOConfig, RGPOTrainer
+from rgpo_trl.testing import (
     base_args,
     save_tiny_model,
     tiny_dataset,
