@@ -9,7 +9,9 @@ modules, and between the packages they collapse to (``recipes.hh_rlhf`` -> ``rec
 ``recipes.hh_rlhf`` is a cycle between the two packages even when no module cycle closes it), up to the
 top-level packages themselves. Layers: ``rgpo_trl`` imports none of the other packages; the baselines'
 single-file scripts import only the library; ``recipes`` does not import the lab; inside ``recipes``,
-`RECIPE_LAYERS` in order (a layer imports only the ones before it)."""
+`RECIPE_LAYERS` in order (a layer imports only the ones before it); inside the lab, `LAB_LAYERS` likewise
+(the lab's floor plan: shared helpers, then the runners and studies, then the reports, then the
+benchmarks)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,30 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rgpo_trl", "recipes", "rgpo_lab", "mujoco_baselines", "atari_baselines")
 RECIPE_LAYERS = ("recipes.hh_common", "recipes.tiny_hh", "recipes.hh_rlhf", "recipes.hh_rlhf_qwen")
+# The lab's layers, bottom first; a module belongs to the layer of the listed name it is or lies under (a
+# module moved into a listed package keeps its layer; a listed name with no module left is no error).
+LAB_LAYERS: tuple[tuple[str, ...], ...] = (
+    # shared helpers: statistics, the results' per-step logs, the job queue, JSON values
+    ("rgpo_lab.statistics", "rgpo_lab.results_data", "rgpo_lab.job_queue", "rgpo_lab.json_values"),
+    # what runs and decides the studies: the MuJoCo grid and runner, the RLHF suites and the studies' rules
+    (
+        "rgpo_lab.mujoco_runner",
+        "rgpo_lab.mujoco_grid",
+        "rgpo_lab.mujoco_normalisation",
+        "rgpo_lab.rlhf_suite",
+        "rgpo_lab.rlhf_mismatch",
+        "rgpo_lab.rlhf_sync_mismatch",
+        "rgpo_lab.rlhf_select",
+    ),
+    # the reports read the studies' results (rlhf_mismatch_report: the old path of rlhf_report.mismatch)
+    (
+        "rgpo_lab.mujoco_report",
+        "rgpo_lab.mujoco_confirm_report",
+        "rgpo_lab.rlhf_report",
+        "rgpo_lab.rlhf_mismatch_report",
+    ),
+    ("rgpo_lab.benchmarks",),
+)
 
 Edges = dict[str, dict[str, str]]  # module -> {imported module: "file:line" of the first such import}
 
@@ -195,18 +221,68 @@ def test_recipes_do_not_import_the_lab(graph):
     assert not lab, "recipes import the lab:\n" + "\n".join(lab)
 
 
+def layer_of(name: str, layers) -> int | None:
+    """The index of the layer holding ``name``: the layer of the longest listed name it is or lies under."""
+    placed = [(len(p), i) for i, layer in enumerate(layers) for p in layer if under(name, p)]
+    return max(placed)[1] if placed else None
+
+
+def layering(edges: Edges, package: str, layers) -> tuple[list[str], list[str]]:
+    """The modules of ``package`` in no layer (the package itself aside), and every import of a module of
+    ``package`` from a lower layer (an edge back up the layers)."""
+    modules = [n for n in edges if under(n, package) and n != package]
+    unplaced = [n for n in modules if layer_of(n, layers) is None]
+    upward = [
+        f"{a} (layer {layer_of(a, layers)}) -> {b} (layer {layer_of(b, layers)})  [{where}]"
+        for a in modules
+        for b, where in edges[a].items()
+        if layer_of(a, layers) is not None
+        and under(b, package)
+        and layer_of(b, layers) is not None
+        and layer_of(b, layers) > layer_of(a, layers)
+    ]
+    return unplaced, upward
+
+
 def test_recipe_layers(graph):
     """Each layer of `RECIPE_LAYERS` imports only the layers before it (and the library)."""
-    unplaced = [
-        n
-        for n in graph
-        if under(n, "recipes") and n != "recipes" and not any(under(n, la) for la in RECIPE_LAYERS)
-    ]
+    unplaced, upward = layering(graph, "recipes", [(la,) for la in RECIPE_LAYERS])
     assert not unplaced, f"recipes modules in no layer of RECIPE_LAYERS: {unplaced}"
-    upward = [
-        line for i, la in enumerate(RECIPE_LAYERS) for line in imports_of(graph, la, RECIPE_LAYERS[i + 1 :])
-    ]
     assert not upward, "a recipes layer imports a later one:\n" + "\n".join(upward)
+
+
+def test_lab_layers(graph):
+    """Each layer of `LAB_LAYERS` imports only itself and the layers below it; every lab module has a layer,
+    and each layer holds a module (the map names the checkout, not only old names)."""
+    unplaced, upward = layering(graph, "rgpo_lab", LAB_LAYERS)
+    assert not unplaced, f"rgpo_lab modules in no layer of LAB_LAYERS (add them): {unplaced}"
+    assert not upward, "a lab layer imports a higher one:\n" + "\n".join(upward)
+    held = {layer_of(n, LAB_LAYERS) for n in graph if under(n, "rgpo_lab") and n != "rgpo_lab"}
+    assert held == set(range(len(LAB_LAYERS))), held
+    # the layers are read: the reports import the studies, the benchmarks the runners
+    assert "rgpo_lab.rlhf_suite" in graph["rgpo_lab.rlhf_report.runs"]
+    assert "rgpo_lab.rlhf_mismatch" in graph["rgpo_lab.rlhf_report.mismatch_runs"]
+
+
+def test_a_back_edge_up_the_layers_is_found(tmp_path):
+    """A helper importing a report (inside a function) is an edge back up; an unlisted module is unplaced;
+    imports down and within a layer pass."""
+    files = {
+        "lab/__init__.py": "",
+        "lab/stats.py": "import os\n",
+        "lab/suite.py": "from lab.stats import x\nfrom lab import rules\n",
+        "lab/rules.py": "from . import stats\n",
+        "lab/report/__init__.py": "",
+        "lab/report/build.py": "from ..suite import y\nfrom lab.report import figures\n",
+        "lab/report/figures.py": "import lab.stats\n",
+    }
+    layers = (("lab.stats",), ("lab.suite", "lab.rules"), ("lab.report",))
+    _write(tmp_path, files)
+    assert layering(import_graph(tmp_path, ["lab"]), "lab", layers) == ([], [])
+    _write(tmp_path, {"lab/stats.py": "def f():\n    from lab.report.build import z\n", "lab/extra.py": ""})
+    unplaced, upward = layering(import_graph(tmp_path, ["lab"]), "lab", layers)
+    assert unplaced == ["lab.extra"]
+    assert upward == ["lab.stats (layer 0) -> lab.report.build (layer 2)  [lab/stats.py:2]"]
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
