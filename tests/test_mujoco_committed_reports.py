@@ -12,9 +12,13 @@ import tarfile
 
 import pytest
 
+from rgpo_lab.results_data import Manifest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
+# both reports read every run under results/mujoco, so every MuJoCo suite's per-step logs
+MUJOCO_SUITES = tuple(sorted(s for s in Manifest.load(ROOT).suites if s.startswith("mujoco/")))
 
 
 def _git(*args):
@@ -27,8 +31,6 @@ def _git(*args):
 def _overlay_restored_logs(snapshot: str) -> None:
     """Per-step logs that the snapshot's commit no longer tracks, copied in from the restored ones (the
     ``results_data`` marker has checked them against the manifest)."""
-    from rgpo_lab.results_data import Manifest
-
     for rec in Manifest.load(ROOT).suites.values():
         for p in rec.files:
             if p.startswith("mujoco/") and os.path.isdir(os.path.join(snapshot, os.path.dirname(p))):
@@ -38,7 +40,7 @@ def _overlay_restored_logs(snapshot: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.results_data("mujoco/policy_lag_confirm")
+@pytest.mark.results_data(*MUJOCO_SUITES)
 def test_policy_lag_confirm_report_regenerates_byte_identically(tmp_path):
     """The report as last committed, rebuilt from results/mujoco as of that commit (runs keep landing
     after it; the per-step logs it no longer tracks from their restored copies): report.md, studies.json and
@@ -58,7 +60,7 @@ def test_policy_lag_confirm_report_regenerates_byte_identically(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.results_data("mujoco/policy_lag_confirm")
+@pytest.mark.results_data(*MUJOCO_SUITES)
 def test_main_mujoco_report_regenerates(tmp_path):
     """results/mujoco/report from today's results/mujoco: every table and figure byte for byte; in report.md
     only the command line and the status rows of suites still running (or that the committed report
@@ -84,3 +86,31 @@ def test_main_mujoco_report_regenerates(tmp_path):
 
     new_lines = (tmp_path / "report.md").read_text().splitlines()
     assert [x for x in new_lines if kept(x)] == [x for x in old_lines if kept(x)]
+
+
+@pytest.mark.results_data("mujoco/compile_equiv")
+def test_compile_equivalence_benchmark_rebuilds(tmp_path, monkeypatch):
+    """results/benchmarks/mujoco_compile_equivalence from today's results/mujoco: every number, verdict,
+    missing run and commit as committed. Two things differ, both by later changes and not by data: the
+    command line (the module moved into rgpo_lab/benchmarks/) and the order of the rows (the methods now run
+    in the paper's table order, rgpo last), so rows are compared by (method, env) and lines as a multiset."""
+    import json
+    import sys
+    from collections import Counter
+
+    from rgpo_lab.benchmarks import compile_equivalence as ce
+
+    out = tmp_path / "mujoco_compile_equivalence"
+    monkeypatch.setattr(sys, "argv", ["ce", os.path.join(ROOT, "results", "mujoco"), "--out", str(out)])
+    ce.main()
+    committed = os.path.join(ROOT, "results", "benchmarks", "mujoco_compile_equivalence")
+    new, old = (json.load(open(f"{p}.json")) for p in (out, committed))
+    assert new.keys() == old.keys()
+    by_cell = [{(r["method"], r["env"]): r for r in x["rows"]} for x in (new, old)]
+    assert by_cell[0] == by_cell[1] and len(new["rows"]) == len(old["rows"])
+    assert all(new[k] == old[k] for k in new if k not in ("rows", "command"))
+    new_md, old_md = (
+        Counter(x for x in open(f"{p}.md").read().splitlines() if not x.startswith("Command: "))
+        for p in (out, committed)
+    )
+    assert new_md == old_md
