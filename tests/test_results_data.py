@@ -183,14 +183,42 @@ def test_no_recorded_log_is_tracked_and_every_record_belongs_to_a_tracked_run():
             assert any(t.startswith(run_dir + "/") for t in tracked), f"{run_dir} has no tracked file left"
 
 
-def test_the_tracked_tree_outside_the_remaining_logs_is_small():
-    """The suites not yet moved (results/**/metrics.csv still tracked) are the only large part; everything
-    else must stay under 20 MiB so the tree travels to a GPU machine once they are moved too."""
-    sizes = {
-        p: os.path.getsize(os.path.join(ROOT, p)) for p in _tracked() if os.path.isfile(os.path.join(ROOT, p))
-    }
-    rest = sum(s for p, s in sizes.items() if not p.endswith("/metrics.csv"))
-    assert rest <= 20 * 2**20, f"tracked files other than per-step logs: {rest / 2**20:.1f} MiB"
+def _tracked_sizes() -> dict[str, int]:
+    """Tracked path -> its size in the index (what a clone checks out; ignored files on disk do not count)."""
+    entries = [e.split("\t", 1) for e in git(ROOT, "ls-files", "-z", "-s").split("\0") if e]
+    specs = "".join(meta.split()[1] + "\n" for meta, _ in entries)
+    out = subprocess.run(
+        ["git", "-C", ROOT, "cat-file", "--batch-check=%(objectsize)"],
+        input=specs.encode(),
+        capture_output=True,
+        check=True,
+    )
+    return {p: int(n) for (_, p), n in zip(entries, out.stdout.split(), strict=True)}
+
+
+def test_no_per_step_log_is_tracked():
+    """Every per-step log is out of the tree (issue 56): none tracked anywhere, under any suite, recorded
+    or not, and no pack left behind (a pack is committed alone and removed in the next commit)."""
+    logs = [
+        p
+        for p in _tracked()
+        if os.path.basename(p) in (rd.LOG_NAME, "metrics.jsonl") or p.startswith(rd.PACK_DIR + "/")
+    ]
+    assert not logs, (
+        f"{len(logs)} per-step logs tracked, e.g. {logs[0]}: python -m rgpo_lab.results_data untrack"
+    )
+
+
+def test_the_tracked_tree_is_at_most_20_mib():
+    """The whole tracked tree (issue 56: <= 20 MiB), so a working tree travels to a GPU machine (64 MiB
+    limit) with room for carried wheels."""
+    _tracked()
+    sizes = _tracked_sizes()
+    total = sum(sizes.values())
+    largest = max(sizes, key=sizes.get)
+    assert total <= 20 * 2**20, (
+        f"tracked tree {total / 2**20:.1f} MiB (largest: {largest}, {sizes[largest] / 2**20:.1f} MiB)"
+    )
 
 
 def test_untrack_takes_several_suites_in_one_index_change(repo):
