@@ -394,15 +394,21 @@ def _print_status(result: dict[str, SuiteStatus]) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rgpo_lab.results_data", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default=ROOT, help="the checkout (default: this one)")
+    after = argparse.ArgumentParser(add_help=False)  # --root after the command too; unset: the one before
+    after.add_argument("--root", default=argparse.SUPPRESS, help="the checkout (default: this one)")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("restore", help="write the recorded per-step logs back into results/ (offline)")
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[after])
+
+    r = add("restore", help="write the recorded per-step logs back into results/ (offline)")
     r.add_argument("suites", nargs="*", help="suites as recorded, e.g. rlhf/v3 (default: all)")
     r.add_argument("--force", action="store_true", help="overwrite a log on disk that has another checksum")
-    s = sub.add_parser("status", help="per suite: restored / missing / different")
+    s = add("status", help="per suite: restored / missing / different")
     s.add_argument("suites", nargs="*")
-    u = sub.add_parser("untrack", help="record a suite's tracked logs at HEAD and remove them from the index")
+    u = add("untrack", help="record a suite's tracked logs at HEAD and remove them from the index")
     u.add_argument("suites", nargs="+")
-    k = sub.add_parser("pack", help="pack a new suite's logs, commit the pack, then record and remove it")
+    k = add("pack", help="pack a new suite's logs, commit the pack, then record and remove it")
     k.add_argument("suite")
     args = p.parse_args(argv)
     try:

@@ -94,6 +94,7 @@ def test_a_file_with_another_checksum_is_kept_unless_forced(repo):
     st = rd.restore(str(repo))["area/a"]
     assert st.different == ["area/a/r1/metrics.csv"] and log.read_text() == "edited\n"
     assert rd.main(["--root", str(repo), "restore"]) == 1
+    assert rd.main(["restore", "--root", str(repo)]) == 1  # --root after the command: the same checkout
     assert rd.restore(str(repo), force=True)["area/a"].complete
     assert log.read_text() == "step,x\n1,area/ar1\n2,0.5\n"
 
