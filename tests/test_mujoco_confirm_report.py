@@ -15,6 +15,7 @@ from scipy import stats
 
 from rgpo_lab import mujoco_confirm_report as rep
 from rgpo_lab.mujoco_grid import SUITES
+from rgpo_lab.mujoco_report import code_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEANS = {  # arm -> raw mean return, the same in every environment
@@ -29,7 +30,7 @@ MEANS = {  # arm -> raw mean return, the same in every environment
 }
 
 
-def _write_suite(root, skip=(), commits=(rep.SUITE_COMMIT,)):
+def _write_suite(root, skip=(), commits=(code_path.SUITE_COMMIT,)):
     """Every run of the suite as a folder with final.json (made at ``commits``) and a 3-row metrics.csv; arm
     means from MEANS plus seeded noise."""
     by_key = {v: k for k, v in rep.ARMS.items()}
@@ -157,7 +158,7 @@ def test_a_partial_suite_is_interim_and_names_its_missing_runs_by_class(tmp_path
         "error: loss is not finite (--debug shows the traceback)\n"
     )
     with open(tmp_path / nan_run / "final.json", "w") as f:  # json writes NaN
-        json.dump({"eval_return_mean": float("nan"), "git_commits": [rep.SUITE_COMMIT]}, f)
+        json.dump({"eval_return_mean": float("nan"), "git_commits": [code_path.SUITE_COMMIT]}, f)
     md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
     studies = json.loads((tmp_path / "out" / "studies.json").read_text())
     missing = studies["missing"]
@@ -185,11 +186,11 @@ def test_a_run_off_the_suite_commits_code_path_keeps_the_status_from_final(tmp_p
     commit), one at a commit git does not know: not final, both named; the reused runs' commits listed."""
     _write_suite(str(tmp_path))
     other, unknown = "Hopper-v4__ppo__lag8__s0__1000k", "Ant-v4__rgpo__default__s7__1000k"
-    for name, commits in ((other, ["e53d11f", rep.SUITE_COMMIT]), (unknown, ["0" * 40])):
+    for name, commits in ((other, ["e53d11f", code_path.SUITE_COMMIT]), (unknown, ["0" * 40])):
         d = tmp_path / "policy_lag_confirm" / name
         final = json.loads((d / "final.json").read_text())
         (d / "final.json").write_text(json.dumps({**final, "git_commits": commits}))
-        (d / "config.json").write_text(json.dumps({"git_commit": rep.SUITE_COMMIT}))
+        (d / "config.json").write_text(json.dumps({"git_commit": code_path.SUITE_COMMIT}))
     md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
     studies = json.loads((tmp_path / "out" / "studies.json").read_text())
     assert studies["provenance"]["different"] == [f"policy_lag_confirm/{other}"]
@@ -201,7 +202,7 @@ def test_a_run_off_the_suite_commits_code_path_keeps_the_status_from_final(tmp_p
     n_reused = sum(r.suite != "policy_lag_confirm" for r in SUITES["policy_lag_confirm"])
     assert studies["provenance"]["reused"] == [
         {
-            "commits": [rep.SUITE_COMMIT],
+            "commits": [code_path.SUITE_COMMIT],
             "runs": n_reused,
             "suites": {"annealed5": 12, "main_compiled": 18, "policy_lag": 40},
         }
@@ -263,15 +264,16 @@ def test_provenance_compares_code_paths_by_syntax_tree():
     """The suite commit is its own code path; the commit before the component flags is not; a commit whose
     only change in the code path is the closing console line (TrainingRun.finish) is; commits that add issue
     47's corrections module to rgpo_trl.core (an export none of the scripts' names come from) are."""
-    assert rep.same_code_path(rep.SUITE_COMMIT) is True
-    assert rep.same_code_path("e53d11f") is False  # before --kl-penalty and the start-of-update statistics
-    assert rep.same_code_path("f76bccb") is True  # TrainingRun.finish's closing line only
+    assert code_path.same_code_path(code_path.SUITE_COMMIT) is True
+    # before --kl-penalty and the start-of-update statistics
+    assert code_path.same_code_path("e53d11f") is False
+    assert code_path.same_code_path("f76bccb") is True  # TrainingRun.finish's closing line only
     for commit in ("67d0af29", "afc5f609"):  # rgpo_trl.core also imports corrections.py
-        check = rep.code_path_check(commit)
+        check = code_path.code_path_check(commit)
         assert check.same is True and any("corrections.py" in n for n in check.notes)
-    assert rep.same_code_path("0" * 40) is None
-    assert rep.same_code_path("unknown") is None
-    assert {"rgpo_trl/cli.py", "rgpo_trl/core/registry.py"} <= set(rep.CODE_PATH)
+    assert code_path.same_code_path("0" * 40) is None
+    assert code_path.same_code_path("unknown") is None
+    assert {"rgpo_trl/cli.py", "rgpo_trl/core/registry.py"} <= set(code_path.CODE_PATH)
 
 
 # The stand-in for a commit with the lab runner whose code path is the suite commit's: the last commit before
@@ -282,7 +284,7 @@ STAND_IN = "e554ba5"
 
 def _worktree_show(real_show, files):
     """A stand-in commit "WORKTREE": `STAND_IN`'s tree, with ``files`` ({path: text or None}) changed."""
-    if rep._git_ls(STAND_IN, "rgpo_lab") is None:
+    if code_path._git_ls(STAND_IN, "rgpo_lab") is None:
         pytest.skip(f"commit {STAND_IN} is not in this clone (git fetch --unshallow)")
 
     def show(commit, path):
@@ -309,18 +311,19 @@ def test_provenance_at_a_commit_with_the_lab_runner_compares_the_runner(monkeypa
     a commit (here `STAND_IN`) the suite commit's mujoco_baselines/<file> is
     compared with the runner's <file>, found the same code path; compared with the scripts instead, it is
     not."""
-    monkeypatch.setattr(rep, "_git_show", _worktree_show(rep._git_show, {}))
-    monkeypatch.setattr(rep, "_git_ls", _worktree_ls(rep._git_ls))
-    check = rep.code_path_check("WORKTREE")
+    monkeypatch.setattr(code_path, "_git_show", _worktree_show(code_path._git_show, {}))
+    monkeypatch.setattr(code_path, "_git_ls", _worktree_ls(code_path._git_ls))
+    check = code_path.code_path_check("WORKTREE")
     assert check.same is True and any("entry point" in n for n in check.notes)
-    monkeypatch.setattr(rep, "RUNNER", "mujoco_baselines")  # no mapping: the suite's files vs the scripts
-    assert rep.same_code_path("WORKTREE") is not True
+    # no mapping: the suite's files vs the scripts
+    monkeypatch.setattr(code_path, "RUNNER", "mujoco_baselines")
+    assert code_path.same_code_path("WORKTREE") is not True
 
 
 def test_provenance_catches_a_new_runner_file_a_rebound_name_and_an_import_that_touches_a_registry(
     monkeypatch,
 ):
-    real_show, real_ls = rep._git_show, rep._git_ls
+    real_show, real_ls = code_path._git_show, code_path._git_ls
     core = real_show(STAND_IN, "rgpo_trl/core/__init__.py")
     corrections = real_show(STAND_IN, "rgpo_trl/core/corrections.py")
     cases = [
@@ -349,9 +352,9 @@ def test_provenance_catches_a_new_runner_file_a_rebound_name_and_an_import_that_
         ({"rgpo_lab/mujoco_runner/__main__.py": "import os\n"}, [], False, "entry point"),
     ]
     for files, extra, expected, named in cases:
-        monkeypatch.setattr(rep, "_git_show", _worktree_show(real_show, files))
-        monkeypatch.setattr(rep, "_git_ls", _worktree_ls(real_ls, extra))
-        check = rep.code_path_check("WORKTREE")
+        monkeypatch.setattr(code_path, "_git_show", _worktree_show(real_show, files))
+        monkeypatch.setattr(code_path, "_git_ls", _worktree_ls(real_ls, extra))
+        check = code_path.code_path_check("WORKTREE")
         assert check.same is expected and any(named in n for n in check.notes), (named, check)
 
 
