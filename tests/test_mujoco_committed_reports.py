@@ -45,7 +45,7 @@ def test_policy_lag_confirm_report_regenerates_byte_identically(tmp_path):
     """The report as last committed, rebuilt from results/mujoco as of that commit (runs keep landing
     after it; the per-step logs it no longer tracks from their restored copies): report.md, studies.json and
     curves.png byte for byte."""
-    from rgpo_lab import mujoco_confirm_report as rep
+    from rgpo_lab.mujoco_report import confirm
 
     report = "results/mujoco/policy_lag_confirm/report"
     commit = _git("log", "-1", "--format=%H", "--", f"{report}/report.md").decode().strip()
@@ -54,7 +54,7 @@ def test_policy_lag_confirm_report_regenerates_byte_identically(tmp_path):
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path / "then", filter="data")
     _overlay_restored_logs(str(tmp_path / "then" / "results"))
-    rep.build(str(tmp_path / "then" / "results" / "mujoco"), str(tmp_path / "out"))
+    confirm.build(str(tmp_path / "then" / "results" / "mujoco"), str(tmp_path / "out"))
     for name in ("report.md", "studies.json", "curves.png"):
         assert (tmp_path / "out" / name).read_bytes() == _git("show", f"{commit}:{report}/{name}"), name
 

@@ -13,9 +13,16 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from rgpo_lab import mujoco_confirm_report as rep
-from rgpo_lab.mujoco_grid import SUITES
-from rgpo_lab.mujoco_report import code_path
+from rgpo_lab.mujoco_grid import CONFIRM_ENVS, SUITES
+from rgpo_lab.mujoco_report import (
+    code_path,
+    confirm,
+    confirm_curves,
+    confirm_reading,
+    confirm_runs,
+    confirm_statistics,
+)
+from rgpo_lab.mujoco_report.cells import fmt_or_dash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEANS = {  # arm -> raw mean return, the same in every environment
@@ -33,7 +40,7 @@ MEANS = {  # arm -> raw mean return, the same in every environment
 def _write_suite(root, skip=(), commits=(code_path.SUITE_COMMIT,)):
     """Every run of the suite as a folder with final.json (made at ``commits``) and a 3-row metrics.csv; arm
     means from MEANS plus seeded noise."""
-    by_key = {v: k for k, v in rep.ARMS.items()}
+    by_key = {v: k for k, v in confirm_runs.ARMS.items()}
     rng = np.random.default_rng(0)
     for r in SUITES["policy_lag_confirm"]:
         if r.name in skip:
@@ -63,16 +70,16 @@ def _run(name):
 
 def test_report_tests_match_scipy_and_holm_and_the_reading_follows_the_rule(tmp_path):
     _write_suite(str(tmp_path))
-    md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=500, plots=False)
+    md = confirm.build(str(tmp_path), str(tmp_path / "out"), n_boot=500, plots=False)
     studies = json.loads((tmp_path / "out" / "studies.json").read_text())
     assert all(v == [] for v in studies["missing"].values()) and "Status: **final**" in md
     assert studies["status"] == "final" and not studies["reading"].startswith("Interim")
     assert "| interim: " not in md and "Interim (see the status above)" not in md
-    data = rep.load(str(tmp_path)).data
+    data = confirm_runs.load(str(tmp_path)).data
     (a,) = [c for c in studies["comparisons"] if c["name"] == "more robust"]
     ps = [a["aggregate"]["p"]]
-    for env in rep.CONFIRM_ENVS:
-        x, y = rep.returns(data, "rgpo_dec", env), rep.returns(data, "ppo_dec", env)
+    for env in CONFIRM_ENVS:
+        x, y = confirm_runs.returns(data, "rgpo_dec", env), confirm_runs.returns(data, "ppo_dec", env)
         assert len(x) == len(y) == 10
         t = stats.ttest_ind(x, y, equal_var=False)
         assert a["per_env"][env]["p"] == pytest.approx(t.pvalue, rel=1e-12)
@@ -84,7 +91,7 @@ def test_report_tests_match_scipy_and_holm_and_the_reading_follows_the_rule(tmp_
         running = max(running, min(1.0, (4 - rank) * ps[i]))
         adjusted[i] = running
     assert a["aggregate"]["p_holm"] == pytest.approx(adjusted[0])
-    assert [a["per_env"][e]["p_holm"] for e in rep.CONFIRM_ENVS] == pytest.approx(adjusted[1:])
+    assert [a["per_env"][e]["p_holm"] for e in CONFIRM_ENVS] == pytest.approx(adjusted[1:])
     assert a["aggregate"]["p"] >= 1 / 500  # floored at 1 / n_boot, and the report says so
     assert "floored at 1 / 500 = 0.002" in md
     # RGPO far above PPO everywhere, PPO + KL penalty not above decoupled PPO: the gate is the cause
@@ -111,20 +118,20 @@ def test_report_tests_match_scipy_and_holm_and_the_reading_follows_the_rule(tmp_
 
 def test_probability_of_improvement_is_the_mean_over_environments_with_a_stratified_interval(tmp_path):
     _write_suite(str(tmp_path))
-    data = rep.load(str(tmp_path)).data
-    poi = rep.improvement(data, n_boot=300)
+    data = confirm_runs.load(str(tmp_path)).data
+    poi = confirm_statistics.improvement(data, n_boot=300)
     per_env = []
-    for env in rep.CONFIRM_ENVS:
-        x, y = rep.returns(data, "rgpo_dec", env), rep.returns(data, "ppo_dec", env)
+    for env in CONFIRM_ENVS:
+        x, y = confirm_runs.returns(data, "rgpo_dec", env), confirm_runs.returns(data, "ppo_dec", env)
         by_hand = np.mean([[1.0 if a > b else 0.5 if a == b else 0.0 for b in y] for a in x])
         assert poi["per_env"][env] == pytest.approx(by_hand)
         per_env.append(by_hand)
-    assert poi["mean"] == pytest.approx(np.mean(per_env)) and poi["envs"] == rep.CONFIRM_ENVS
+    assert poi["mean"] == pytest.approx(np.mean(per_env)) and poi["envs"] == CONFIRM_ENVS
     assert poi["low"] <= poi["mean"] <= poi["high"] <= 1.0
     # the primary's resampling: the same rng draws (a's environments, then b's) as aggregate_difference
     rng = np.random.default_rng(0)
-    xs = [rep.returns(data, "rgpo_dec", e) for e in rep.CONFIRM_ENVS]
-    ys = [rep.returns(data, "ppo_dec", e) for e in rep.CONFIRM_ENVS]
+    xs = [confirm_runs.returns(data, "rgpo_dec", e) for e in CONFIRM_ENVS]
+    ys = [confirm_runs.returns(data, "ppo_dec", e) for e in CONFIRM_ENVS]
     boots = []
     for _ in range(300):
         rx = [g[rng.integers(0, len(g), len(g))] for g in xs]
@@ -159,7 +166,7 @@ def test_a_partial_suite_is_interim_and_names_its_missing_runs_by_class(tmp_path
     )
     with open(tmp_path / nan_run / "final.json", "w") as f:  # json writes NaN
         json.dump({"eval_return_mean": float("nan"), "git_commits": [code_path.SUITE_COMMIT]}, f)
-    md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
+    md = confirm.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
     studies = json.loads((tmp_path / "out" / "studies.json").read_text())
     missing = studies["missing"]
     assert missing["incomplete"] == [incomplete] and missing["failed"] == [crashed, nan_run]
@@ -169,7 +176,7 @@ def test_a_partial_suite_is_interim_and_names_its_missing_runs_by_class(tmp_path
         "eval_return_mean is nan" in studies["failed_why"][nan_run] and nan_run in md
     )  # named, never dropped silently
     assert "### Failed (2)" in md and "### Incomplete (1)" in md
-    assert len(rep.returns(rep.load(str(tmp_path)).data, "rgpo_dec", "Walker2d-v4")) == 9
+    assert len(confirm_runs.returns(confirm_runs.load(str(tmp_path)).data, "rgpo_dec", "Walker2d-v4")) == 9
     total = len(SUITES["policy_lag_confirm"])
     assert studies["status"] == f"INTERIM: {total - len(runs) - 1} of {total} runs finished"
     assert "INTERIM" in md and "Interim, on an incomplete suite" in md
@@ -178,7 +185,7 @@ def test_a_partial_suite_is_interim_and_names_its_missing_runs_by_class(tmp_path
     assert "| interim: higher |" in md
     # Hopper has 2 runs per arm: still in the aggregate; with one it would be left out and named
     (a,) = [c for c in studies["comparisons"] if c["name"] == "more robust"]
-    assert a["aggregate"]["envs"] == rep.CONFIRM_ENVS
+    assert a["aggregate"]["envs"] == CONFIRM_ENVS
 
 
 def test_a_run_off_the_suite_commits_code_path_keeps_the_status_from_final(tmp_path):
@@ -191,7 +198,7 @@ def test_a_run_off_the_suite_commits_code_path_keeps_the_status_from_final(tmp_p
         final = json.loads((d / "final.json").read_text())
         (d / "final.json").write_text(json.dumps({**final, "git_commits": commits}))
         (d / "config.json").write_text(json.dumps({"git_commit": code_path.SUITE_COMMIT}))
-    md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
+    md = confirm.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
     studies = json.loads((tmp_path / "out" / "studies.json").read_text())
     assert studies["provenance"]["different"] == [f"policy_lag_confirm/{other}"]
     assert studies["provenance"]["not_checked"] == [f"policy_lag_confirm/{unknown}"]
@@ -215,10 +222,10 @@ def _aggregate(verdict, diff=0.3, p=0.01):
 
 def _comparisons(robust="higher", gate="higher", controller="no significant difference"):
     verdicts = {"more robust": robust, "gate": gate, "controller (PPO)": controller}
-    per_env = {e: {"n_a": 10, "n_b": 9} for e in rep.CONFIRM_ENVS}
+    per_env = {e: {"n_a": 10, "n_b": 9} for e in CONFIRM_ENVS}
     return [
         {"aggregate": _aggregate(verdicts.get(name, "higher")), "per_env": per_env}
-        for _, name, _, _ in rep.COMPARISONS
+        for _, name, _, _ in confirm_runs.COMPARISONS
     ]
 
 
@@ -236,26 +243,26 @@ def _comparisons(robust="higher", gate="higher", controller="no significant diff
     ],
 )
 def test_attribution_follows_the_rule_branch_by_branch(gate, controller, expected):
-    assert rep.cause(gate, controller) == expected
-    words = rep.attribution_words(_comparisons(gate=gate, controller=controller))
+    assert confirm_reading.cause(gate, controller) == expected
+    words = confirm_reading.attribution_words(_comparisons(gate=gate, controller=controller))
     assert f"confirmed; cause: {expected} (" in words
 
 
 def test_no_significant_difference_attributes_no_cause_and_says_n_and_p():
     comparisons = _comparisons(robust="no significant difference", gate="higher", controller="higher")
     comparisons[0]["aggregate"].update(p_holm=0.4)
-    words = rep.attribution_words(comparisons)
+    words = confirm_reading.attribution_words(comparisons)
     assert "not confirmed: no significant difference (n = 10 / 9 Walker2d-v4, 10 / 9 Ant-v4" in words
     assert "Holm p = 0.400)" in words and "no cause is attributed" in words and "cause:" not in words
     comparisons[0]["aggregate"].update(diff=-0.3, p_holm=0.01, verdict="lower")
-    assert "refuted in the other direction" in rep.attribution_words(comparisons)
+    assert "refuted in the other direction" in confirm_reading.attribution_words(comparisons)
 
 
 def test_decoupling_is_said_to_help_only_where_the_decoupled_arm_is_significantly_above():
     comparisons = _comparisons()
-    names = [name for _, name, _, _ in rep.COMPARISONS]
+    names = [name for _, name, _, _ in confirm_runs.COMPARISONS]
     comparisons[names.index("decoupling (RGPO)")]["aggregate"].update(verdict="no significant difference")
-    words = rep.decoupling_words(comparisons)
+    words = confirm_reading.decoupling_words(comparisons)
     assert "decoupling helps PPO (" in words and "decoupling is not shown to help RGPO" in words
     assert "seeds 0-4 only (n = 5 per environment)" in words
 
@@ -365,9 +372,9 @@ def test_curves_show_every_arm_once_with_its_median_over_seeds(tmp_path):
     import matplotlib.pyplot as plt
 
     _write_suite(str(tmp_path))
-    data = rep.load(str(tmp_path)).data
-    arms = [arm for row, _ in rep.CURVE_ROWS for arm in row]
-    assert sorted(arms) == sorted(rep.ARMS)  # every arm, none twice
+    data = confirm_runs.load(str(tmp_path)).data
+    arms = [arm for row, _ in confirm_curves.CURVE_ROWS for arm in row]
+    assert sorted(arms) == sorted(confirm_runs.ARMS)  # every arm, none twice
     captured = {}
     real_savefig = plt.Figure.savefig
 
@@ -377,12 +384,12 @@ def test_curves_show_every_arm_once_with_its_median_over_seeds(tmp_path):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plt.Figure, "savefig", keep)
-        rep.curves(data, str(tmp_path / "out"))
+        confirm_curves.curves(data, str(tmp_path / "out"))
     axes = captured["fig"].axes
-    assert len(axes) == len(rep.CURVE_ROWS) * len(rep.CONFIRM_ENVS)
-    for i, (row, _) in enumerate(rep.CURVE_ROWS):
-        for j, env in enumerate(rep.CONFIRM_ENVS):
-            lines = axes[i * len(rep.CONFIRM_ENVS) + j].get_lines()
+    assert len(axes) == len(confirm_curves.CURVE_ROWS) * len(CONFIRM_ENVS)
+    for i, (row, _) in enumerate(confirm_curves.CURVE_ROWS):
+        for j, env in enumerate(CONFIRM_ENVS):
+            lines = axes[i * len(CONFIRM_ENVS) + j].get_lines()
             with_runs = [arm for arm in row if data[arm][env]]
             assert len(lines) == len(with_runs)
             for line, arm in zip(lines, with_runs, strict=True):
@@ -390,15 +397,15 @@ def test_curves_show_every_arm_once_with_its_median_over_seeds(tmp_path):
                 n = min(len(m) for _, _, m in runs)
                 median = np.median(np.stack([m["return_last100"].to_numpy()[:n] for _, _, m in runs]), axis=0)
                 np.testing.assert_allclose(line.get_ydata(), median)
-                assert line.get_label().startswith(rep.LABELS[arm])
+                assert line.get_label().startswith(confirm_runs.LABELS[arm])
 
 
 def test_a_largest_ratio_at_the_log_ratio_clamp_is_counted_and_explained(tmp_path):
     clamp = float(np.float32(np.exp(20.0)))  # what a float32 exp of the clamped log-ratio gives
     metrics = [pd.DataFrame({"ratio_max": [3.0, clamp]}), pd.DataFrame({"ratio_max": [2.0, 5.0]})]
-    data = {arm: {e: [] for e in rep.CONFIRM_ENVS} for arm in rep.ARMS}
+    data = {arm: {e: [] for e in CONFIRM_ENVS} for arm in confirm_runs.ARMS}
     data["rgpo_dec_nokl"]["Hopper-v4"] = [(0, 1.0, metrics[0]), (1, 1.0, metrics[1])]
-    gates = rep.gate_activity(data)
+    gates = confirm_statistics.gate_activity(data)
     g = gates["rgpo_dec_nokl"]["Hopper-v4"]
     assert g["ratio_max"] == pytest.approx((clamp + 5.0) / 2) and g["ratio_max_n"] == 2
     assert g["ratio_max_at_clamp"] == 1
@@ -410,8 +417,8 @@ def test_a_largest_ratio_at_the_log_ratio_clamp_is_counted_and_explained(tmp_pat
     ]
     path = os.path.join(str(tmp_path), run.suite, run.name, "metrics.csv")
     pd.read_csv(path).assign(ratio_max=[2.0, 3.0, clamp]).to_csv(path, index=False)
-    md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
-    assert f"| {rep._f(clamp, 2)} (1; 1 at clamp) |" in md
+    md = confirm.build(str(tmp_path), str(tmp_path / "out"), n_boot=200, plots=False)
+    assert f"| {fmt_or_dash(clamp, 2)} (1; 1 at clamp) |" in md
     assert '"k at clamp": in k of the runs the largest ratio is exp(20)' in md
 
 
@@ -422,37 +429,37 @@ def test_sensitivity_section_is_labelled_and_recomputes_from_the_baselines(tmp_p
     from rgpo_lab.statistics import aggregate_difference
 
     _write_suite(str(tmp_path))
-    md = rep.build(str(tmp_path), str(tmp_path / "out"), n_boot=300, plots=False)
+    md = confirm.build(str(tmp_path), str(tmp_path / "out"), n_boot=300, plots=False)
     sens = json.loads((tmp_path / "out" / "studies.json").read_text())["sensitivity"]
     with open(os.path.join(ROOT, "results", "mujoco", "normalisation", "baselines.json")) as f:
         table = json.load(f)["environments"]
-    low = {e: max(table[e]["random"]["mean"], table[e]["zero"]["mean"]) for e in rep.CONFIRM_ENVS}
-    ranges = {e: table[e]["reference"]["mean"] - low[e] for e in rep.CONFIRM_ENVS}
+    low = {e: max(table[e]["random"]["mean"], table[e]["zero"]["mean"]) for e in CONFIRM_ENVS}
+    ranges = {e: table[e]["reference"]["mean"] - low[e] for e in CONFIRM_ENVS}
     assert sens["ranges"] == pytest.approx(ranges)
     gone = min(ranges, key=ranges.get)
     assert sens["without_env"] == gone
-    data = rep.load(str(tmp_path)).data
-    others = [e for e in rep.CONFIRM_ENVS if e != gone]
+    data = confirm_runs.load(str(tmp_path)).data
+    others = [e for e in CONFIRM_ENVS if e != gone]
 
     def scores(arm, e):
-        return (rep.returns(data, arm, e) - low[e]) / ranges[e]
+        return (confirm_runs.returns(data, arm, e) - low[e]) / ranges[e]
 
-    (i,) = [k for k, c in enumerate(rep.COMPARISONS) if c[1] == "more robust"]
+    (i,) = [k for k, c in enumerate(confirm_runs.COMPARISONS) if c[1] == "more robust"]
     without = aggregate_difference(
         [scores("rgpo_dec", e) for e in others], [scores("ppo_dec", e) for e in others]
     )
     row = sens["comparisons"][i]
     assert row["without"]["diff"] == pytest.approx(without.diff)
     d = []
-    for e in rep.CONFIRM_ENVS:
-        x, y = rep.returns(data, "rgpo_dec", e), rep.returns(data, "ppo_dec", e)
+    for e in CONFIRM_ENVS:
+        x, y = confirm_runs.returns(data, "rgpo_dec", e), confirm_runs.returns(data, "ppo_dec", e)
         d.append((x.mean() - y.mean()) / np.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2))
     assert row["equal_weights"]["per_env"] == pytest.approx(d)
     assert row["equal_weights"]["diff"] == pytest.approx(np.mean(d))
-    pooled = sorted((s, e) for e in rep.CONFIRM_ENVS for s in scores("ppo_dec", e))
+    pooled = sorted((s, e) for e in CONFIRM_ENVS for s in scores("ppo_dec", e))
     k = len(pooled) // 4
     for end, part in (("low", pooled[:k]), ("high", pooled[-k:])):
-        assert sens["trimmed"]["ppo_dec"][end] == {e: sum(x[1] == e for x in part) for e in rep.CONFIRM_ENVS}
+        assert sens["trimmed"]["ppo_dec"][end] == {e: sum(x[1] == e for x in part) for e in CONFIRM_ENVS}
     assert md.index("## Secondary: training curves") < md.index("## Sensitivity (added ")
     assert "after the final reading; not in RULES.md, decides nothing" in md
     assert f"| without {gone}: IQM diff [95%], p |" in md

@@ -26,4 +26,7 @@ Statistics (per run first, then across seeds; n = number of finished seeds, stat
 
 # The modules, by study: runs (the results folder read back), cells (how a number is written), paper_tables
 # (the paper's tables beside its numbers), studies ("when does RGPO help?"), policy_lag (stale samples),
-# eager_vs_compiled, figures, and build (report.md, the CSV and JSON files, the command line).
+# eager_vs_compiled, figures, and build (report.md, the CSV and JSON files, the command line). The
+# policy_lag_confirm report (python -m rgpo_lab.mujoco_confirm_report) is confirm.py and the modules it builds
+# from: confirm_runs (the suite read), confirm_statistics, confirm_reading (provenance, status, the rule's
+# words), confirm_md (a function per section), confirm_curves, and code_path (a commit's code path).
