@@ -114,6 +114,19 @@ def optimality_gap(x, threshold: float = 1.0) -> float:
     return float(np.mean(np.maximum(0.0, threshold - np.asarray(x, float))))
 
 
+def stratified_resamples(
+    a_groups: Sequence[np.ndarray], b_groups: Sequence[np.ndarray], n_boot: int, seed: int
+):
+    """rliable's stratified bootstrap, ``n_boot`` times: (a's groups, b's groups), each group resampled with
+    replacement within itself, a's groups then b's from one rng (default_rng(seed)), so every statistic
+    drawn this way sees the same resamples."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n_boot):
+        ra = [g[rng.integers(0, len(g), len(g))] for g in a_groups]
+        rb = [g[rng.integers(0, len(g), len(g))] for g in b_groups]
+        yield ra, rb
+
+
 class AggregateDifference(NamedTuple):
     a: float  # the statistic of arm a's pooled scores
     b: float
@@ -142,12 +155,13 @@ def aggregate_difference(
     va, vb = statistic(np.concatenate(a_groups)), statistic(np.concatenate(b_groups))
     if any(len(g) < 2 for g in (*a_groups, *b_groups)):
         return AggregateDifference(va, vb, va - vb, nan, nan, nan)
-    rng = np.random.default_rng(seed)
-    diffs = np.empty(n_boot)
-    for i in range(n_boot):
-        ra = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in a_groups])
-        rb = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in b_groups])
-        diffs[i] = statistic(ra) - statistic(rb)
+    diffs = np.array(
+        [
+            statistic(np.concatenate(ra)) - statistic(np.concatenate(rb))
+            for ra, rb in stratified_resamples(a_groups, b_groups, n_boot, seed)
+        ],
+        float,
+    )
     low, high, p = _percentile_interval_and_p(diffs)
     return AggregateDifference(float(va), float(vb), float(va - vb), low, high, p)
 
@@ -178,12 +192,13 @@ def standardised_difference(
     if not a_groups or any(len(g) < 2 for g in (*a_groups, *b_groups)):
         return StandardisedDifference([nan] * len(a_groups), nan, nan, nan, nan)
     per_env = [d(a, b) for a, b in zip(a_groups, b_groups, strict=True)]
-    rng = np.random.default_rng(seed)
-    diffs = np.empty(n_boot)
-    for i in range(n_boot):
-        ra = [g[rng.integers(0, len(g), len(g))] for g in a_groups]
-        rb = [g[rng.integers(0, len(g), len(g))] for g in b_groups]
-        diffs[i] = np.mean([d(x, y) for x, y in zip(ra, rb, strict=True)])
+    diffs = np.array(
+        [
+            np.mean([d(x, y) for x, y in zip(ra, rb, strict=True)])
+            for ra, rb in stratified_resamples(a_groups, b_groups, n_boot, seed)
+        ],
+        float,
+    )
     low, high, p = _percentile_interval_and_p(diffs[np.isfinite(diffs)])
     return StandardisedDifference(per_env, float(np.mean(per_env)), low, high, p)
 

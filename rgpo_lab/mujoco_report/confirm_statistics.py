@@ -18,6 +18,7 @@ from rgpo_lab.statistics import (
     probability_of_improvement,
     ratio_difference_test,
     standardised_difference,
+    stratified_resamples,
     verdict,
     welch,
 )
@@ -76,12 +77,10 @@ def improvement(data, n_boot: int, a: str = "rgpo_dec", b: str = "ppo_dec", seed
     if not envs:
         return out
     xs, ys = [returns(data, a, e) for e in envs], [returns(data, b, e) for e in envs]
-    rng = np.random.default_rng(seed)
-    boots = np.empty(n_boot)
-    for i in range(n_boot):
-        rx = [g[rng.integers(0, len(g), len(g))] for g in xs]
-        ry = [g[rng.integers(0, len(g), len(g))] for g in ys]
-        boots[i] = np.mean([probability_of_improvement(x, y) for x, y in zip(rx, ry, strict=True)])
+    boots = [
+        np.mean([probability_of_improvement(x, y) for x, y in zip(rx, ry, strict=True)])
+        for rx, ry in stratified_resamples(xs, ys, n_boot, seed)
+    ]
     low, high = np.percentile(boots, [2.5, 97.5])
     out.update(
         mean=float(np.mean([probability_of_improvement(x, y) for x, y in zip(xs, ys, strict=True)])),
