@@ -143,82 +143,115 @@ def _plot_mean_band(ax, rs, key, label, log):
     ax.fill_between(x, mu - sd if not log else np.maximum(mu - sd, mu * 0.1), mu + sd, alpha=0.2)
 
 
-def figures(runs, out):
+def figures(runs, out) -> list[str]:
+    """The paper's figures: the main suite's final-return bars, per-iteration curves and KL spectrum, the
+    long-horizon curves, and the shapes of the three gates."""
     import matplotlib
 
     matplotlib.use("Agg")
+    main = [r for r in runs if r.suite == "main" and r.final]
+    written = []
+    if main:
+        written += [
+            final_returns_figure(main, out),
+            *main_curves_figures(main, out),
+            kl_spectrum_figure(main, out),
+        ]
+    return [*written, *long_horizon_figure(runs, out), gates_figure(out)]
+
+
+def final_returns_figure(main, out) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    width = 0.2
+    for i, m in enumerate(METHODS):
+        stats_ = [mean_std([r.final_return for r in main if r.env == e and r.method == m]) for e in ENVS]
+        means, yerr = [s[0] for s in stats_], [0 if not np.isfinite(s[1]) else s[1] for s in stats_]
+        ax.bar(np.arange(len(ENVS)) + (i - 1.5) * width, means, width, yerr=yerr, label=m, capsize=2)
+    ax.set_xticks(np.arange(len(ENVS)), ENVS)
+    ax.set_ylabel("final return (last 100 episodes)")
+    ax.legend(ncol=4, fontsize=8)
+    return _save(fig, out, "final_returns.png")
+
+
+def main_curves_figures(main, out) -> list[str]:
+    """Per-iteration curves of the main suite: return, KL (log, 2x target), ESS, gradient variance."""
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("return_last100", "return (last 100 episodes)", False),
+        ("kl", "KL to pi_old (log)", True),
+        ("ess", "ESS", False),
+        ("grad_var", "gradient variance (log)", True),
+    ]
+    written = []
+    for key, title, log in panels:
+        fig, axes = plt.subplots(1, len(ENVS), figsize=(4.2 * len(ENVS), 3.2), squeeze=False)
+        for j, env in enumerate(ENVS):
+            ax = axes[0, j]
+            for m in METHODS:
+                _plot_mean_band(ax, [r for r in main if r.env == env and r.method == m], key, m, log)
+            if key == "kl":
+                ax.axhline(SPIKE_KL, color="k", ls=":", lw=0.8, label="2 x target")
+            if log:
+                ax.set_yscale("log")
+            ax.set_title(f"{env}", fontsize=9)
+            ax.set_xlabel("environment steps")
+        axes[0, 0].set_ylabel(title)
+        axes[0, 0].legend(fontsize=7)
+        written.append(_save(fig, out, f"curves_{key}.png"))
+    return written
+
+
+def kl_spectrum_figure(main, out) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    for i, m in enumerate(METHODS):
+        kls = [[r.metrics["kl"] for r in main if r.env == e and r.method == m] for e in ENVS]
+        vals = [pd.concat(series or [pd.Series([np.nan])]).mean() for series in kls]
+        ax.bar(np.arange(len(ENVS)) + (i - 1.5) * 0.2, vals, 0.2, label=m)
+    ax.axhline(SPIKE_KL, color="k", ls=":", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(ENVS)), ENVS)
+    ax.set_ylabel("mean KL to pi_old (log)")
+    ax.legend(ncol=4, fontsize=8)
+    return _save(fig, out, "kl_spectrum.png")
+
+
+def long_horizon_figure(runs, out) -> list[str]:
+    """Return and KL over training at each budget (the table gives only the end points); none before a
+    budget beyond 1M steps has runs."""
+    import matplotlib.pyplot as plt
+
+    long_runs = {b: {m: long_horizon_runs(runs, m, b) for m in ("ppo", "rgpo")} for b in (1, 3, 6)}
+    budgets = [b for b, by_method in long_runs.items() if any(by_method.values())]
+    if not any(b > 1 for b in budgets):
+        return []
+    fig, axes = plt.subplots(2, len(budgets), figsize=(4.2 * len(budgets), 6.0), squeeze=False)
+    for j, b in enumerate(budgets):
+        for m, rs in long_runs[b].items():
+            _plot_mean_band(axes[0, j], rs, "return_last100", m, log=False)
+            _plot_mean_band(axes[1, j], rs, "kl", m, log=True)
+        axes[0, j].set_title(f"HalfCheetah-v4, {b}M steps", fontsize=9)
+        axes[1, j].axhline(SPIKE_KL, color="k", ls=":", lw=0.8, label="2 x target")
+        axes[1, j].set_yscale("log")
+        axes[1, j].set_xlabel("environment steps")
+    axes[0, 0].set_ylabel("return (last 100 episodes)")
+    axes[1, 0].set_ylabel("KL to pi_old (log)")
+    axes[0, 0].legend(fontsize=7)
+    axes[1, 0].legend(fontsize=7)
+    return [_save(fig, out, "curves_long.png")]
+
+
+def gates_figure(out) -> str:
+    """g(r) and w(r) of the three gates."""
     import matplotlib.pyplot as plt
     import torch
 
     import rgpo_trl
 
-    main = [r for r in runs if r.suite == "main" and r.final]
-    written = []
-    if main:
-        # final-return bars
-        fig, ax = plt.subplots(figsize=(9, 3.6))
-        width = 0.2
-        for i, m in enumerate(METHODS):
-            stats_ = [mean_std([r.final_return for r in main if r.env == e and r.method == m]) for e in ENVS]
-            means, yerr = [s[0] for s in stats_], [0 if not np.isfinite(s[1]) else s[1] for s in stats_]
-            ax.bar(np.arange(len(ENVS)) + (i - 1.5) * width, means, width, yerr=yerr, label=m, capsize=2)
-        ax.set_xticks(np.arange(len(ENVS)), ENVS)
-        ax.set_ylabel("final return (last 100 episodes)")
-        ax.legend(ncol=4, fontsize=8)
-        written.append(_save(fig, out, "final_returns.png"))
-        # per-iteration curves: return, KL (log, 2x target), ESS, grad var
-        panels = [
-            ("return_last100", "return (last 100 episodes)", False),
-            ("kl", "KL to pi_old (log)", True),
-            ("ess", "ESS", False),
-            ("grad_var", "gradient variance (log)", True),
-        ]
-        for key, title, log in panels:
-            fig, axes = plt.subplots(1, len(ENVS), figsize=(4.2 * len(ENVS), 3.2), squeeze=False)
-            for j, env in enumerate(ENVS):
-                ax = axes[0, j]
-                for m in METHODS:
-                    _plot_mean_band(ax, [r for r in main if r.env == env and r.method == m], key, m, log)
-                if key == "kl":
-                    ax.axhline(SPIKE_KL, color="k", ls=":", lw=0.8, label="2 x target")
-                if log:
-                    ax.set_yscale("log")
-                ax.set_title(f"{env}", fontsize=9)
-                ax.set_xlabel("environment steps")
-            axes[0, 0].set_ylabel(title)
-            axes[0, 0].legend(fontsize=7)
-            written.append(_save(fig, out, f"curves_{key}.png"))
-        # KL spectrum
-        fig, ax = plt.subplots(figsize=(9, 3.4))
-        for i, m in enumerate(METHODS):
-            kls = [[r.metrics["kl"] for r in main if r.env == e and r.method == m] for e in ENVS]
-            vals = [pd.concat(series or [pd.Series([np.nan])]).mean() for series in kls]
-            ax.bar(np.arange(len(ENVS)) + (i - 1.5) * 0.2, vals, 0.2, label=m)
-        ax.axhline(SPIKE_KL, color="k", ls=":", lw=0.8)
-        ax.set_yscale("log")
-        ax.set_xticks(np.arange(len(ENVS)), ENVS)
-        ax.set_ylabel("mean KL to pi_old (log)")
-        ax.legend(ncol=4, fontsize=8)
-        written.append(_save(fig, out, "kl_spectrum.png"))
-    # long horizon: return and KL over training at each budget (the table gives only the end points)
-    long_runs = {b: {m: long_horizon_runs(runs, m, b) for m in ("ppo", "rgpo")} for b in (1, 3, 6)}
-    budgets = [b for b, by_method in long_runs.items() if any(by_method.values())]
-    if any(b > 1 for b in budgets):
-        fig, axes = plt.subplots(2, len(budgets), figsize=(4.2 * len(budgets), 6.0), squeeze=False)
-        for j, b in enumerate(budgets):
-            for m, rs in long_runs[b].items():
-                _plot_mean_band(axes[0, j], rs, "return_last100", m, log=False)
-                _plot_mean_band(axes[1, j], rs, "kl", m, log=True)
-            axes[0, j].set_title(f"HalfCheetah-v4, {b}M steps", fontsize=9)
-            axes[1, j].axhline(SPIKE_KL, color="k", ls=":", lw=0.8, label="2 x target")
-            axes[1, j].set_yscale("log")
-            axes[1, j].set_xlabel("environment steps")
-        axes[0, 0].set_ylabel("return (last 100 episodes)")
-        axes[1, 0].set_ylabel("KL to pi_old (log)")
-        axes[0, 0].legend(fontsize=7)
-        axes[1, 0].legend(fontsize=7)
-        written.append(_save(fig, out, "curves_long.png"))
-    # g(r) and w(r) of the three gates
     r = torch.linspace(0.01, 3.0, 600, dtype=torch.float64)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for name in ("sigmoid", "clipped_linear", "temperature"):
@@ -230,8 +263,7 @@ def figures(runs, out):
     for ax in axes:
         ax.set_xlabel("r")
         ax.legend(fontsize=7)
-    written.append(_save(fig, out, "gates.png"))
-    return written
+    return _save(fig, out, "gates.png")
 
 
 def _save(fig, out, name):

@@ -55,99 +55,100 @@ def lag_runs(runs, env: str, lag: int, method: str, suffix: str) -> list:
     return finished(runs, suite="policy_lag", env=env, method=method, variant=f"lag{lag}{suffix}")
 
 
+def _summary(runs, env: str, lag: int, label: str, method: str, suffix: str) -> dict:
+    """One arm at one lag: its seeds, evaluation and training returns, and the per-iteration statistics."""
+    rs = lag_runs(runs, env, lag, method, suffix)
+    return {
+        "env": env,
+        "lag": lag,
+        "arm": label,
+        "n": len(rs),
+        "seeds": sorted(r.cfg["seed"] for r in rs),
+        "eval": mean_std(eval_values(rs)),
+        "train": mean_std([r.final_return for r in rs]),
+        "behaviour_ratio_mean": metric_mean(rs, "behaviour_ratio_mean"),
+        "behaviour_ratio_max": metric_mean(rs, "behaviour_ratio_max", "max"),
+        "behaviour_ratio_beyond_1.2": metric_mean(rs, "behaviour_ratio_beyond_1.2"),
+        "behaviour_ratio_beyond_2": metric_mean(rs, "behaviour_ratio_beyond_2"),
+        "behaviour_kl": metric_mean(rs, "behaviour_kl"),
+        "kl": metric_mean(rs, "kl"),
+        "rejected_frac": metric_mean(rs, "rejected_frac"),
+        "clipfrac": metric_mean(rs, "clipfrac"),
+        "kl_coef": metric_mean(rs, "kl_coef"),
+        "epochs": metric_mean(rs, "epochs"),
+    }
+
+
+def _holm_family(family: list[dict], words: dict | None = None) -> list[dict]:
+    """Each row's Holm-adjusted p over the family and its verdict (renamed by ``words``, if given)."""
+    for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
+        word = verdict(row["test"].diff, p_adj)
+        row.update(p_holm=p_adj, verdict=(words or {}).get(word, word))
+    return family
+
+
+def _pairs(runs, env: str, lag: int, metric: str) -> list[dict]:
+    """(1): each RGPO variant against each PPO variant at ``lag`` on ``metric`` ("eval" or "train")."""
+    family = []
+    for r_label, r_m, r_suffix in LAG_ARMS[2:]:
+        for p_label, p_m, p_suffix in LAG_ARMS[:2]:
+            a, b = (lag_runs(runs, env, lag, m, sfx) for m, sfx in ((r_m, r_suffix), (p_m, p_suffix)))
+            va, vb = ((eval_values(x) if metric == "eval" else [r.final_return for r in x]) for x in (a, b))
+            family.append(
+                {"env": env, "lag": lag, "metric": metric, "a": r_label, "b": p_label, "test": welch(va, vb)}
+            )
+    return _holm_family(family)
+
+
+def _change(runs, env: str, base: dict) -> list[dict]:
+    """(2): each method's change of evaluation return from L = 0 (``base``) to L = 8."""
+    family = []
+    for label, m, suffix in LAG_ARMS:
+        stale = eval_values(lag_runs(runs, env, 8, m, suffix))
+        family.append(
+            {
+                "env": env,
+                "arm": label,
+                "l0": mean_std(base[label]),
+                "l8": mean_std(stale),
+                "test": welch(stale, base[label]),
+            }
+        )
+    return _holm_family(family)
+
+
+def _robustness(runs, env: str, base: dict) -> list[dict]:
+    """(3): each RGPO variant's retention at L = 8 against each PPO variant's."""
+    family = []
+    for r_label, r_m, r_sfx in LAG_ARMS[2:]:
+        for p_label, p_m, p_sfx in LAG_ARMS[:2]:
+            test = ratio_difference_test(
+                base[r_label],
+                eval_values(lag_runs(runs, env, 8, r_m, r_sfx)),
+                base[p_label],
+                eval_values(lag_runs(runs, env, 8, p_m, p_sfx)),
+            )
+            family.append({"env": env, "a": r_label, "b": p_label, "test": test})
+    return _holm_family(family, {"higher": "more robust", "lower": "less robust"})
+
+
 def policy_lag_tables(runs) -> dict:
     """The policy-lag study by its reading rule: per-arm summaries, the pairwise families, the change from
     L = 0 to L = 8 and the robustness family (see POLICY_LAG['reading'])."""
-    arms, summary, pairs, change, robust = LAG_ARMS, [], [], [], []
+    summary, pairs, change, robust = [], [], [], []
     for env in POLICY_LAG["envs"]:
-        base = {label: eval_values(lag_runs(runs, env, 0, m, "")) for label, m, _ in arms}
+        base = {label: eval_values(lag_runs(runs, env, 0, m, "")) for label, m, _ in LAG_ARMS}
         for lag in POLICY_LAG["lags"]:
-            for label, m, suffix in arms:
-                rs = lag_runs(runs, env, lag, m, suffix)
-                summary.append(
-                    {
-                        "env": env,
-                        "lag": lag,
-                        "arm": label,
-                        "n": len(rs),
-                        "seeds": sorted(r.cfg["seed"] for r in rs),
-                        "eval": mean_std(eval_values(rs)),
-                        "train": mean_std([r.final_return for r in rs]),
-                        "behaviour_ratio_mean": metric_mean(rs, "behaviour_ratio_mean"),
-                        "behaviour_ratio_max": metric_mean(rs, "behaviour_ratio_max", "max"),
-                        "behaviour_ratio_beyond_1.2": metric_mean(rs, "behaviour_ratio_beyond_1.2"),
-                        "behaviour_ratio_beyond_2": metric_mean(rs, "behaviour_ratio_beyond_2"),
-                        "behaviour_kl": metric_mean(rs, "behaviour_kl"),
-                        "kl": metric_mean(rs, "kl"),
-                        "rejected_frac": metric_mean(rs, "rejected_frac"),
-                        "clipfrac": metric_mean(rs, "clipfrac"),
-                        "kl_coef": metric_mean(rs, "kl_coef"),
-                        "epochs": metric_mean(rs, "epochs"),
-                    }
-                )
-            if lag == 0:
-                continue
-            for metric in ("eval", "train"):
-                family = []
-                for r_label, r_m, r_suffix in arms[2:]:
-                    for p_label, p_m, p_suffix in arms[:2]:
-                        a, b = (
-                            lag_runs(runs, env, lag, m, sfx) for m, sfx in ((r_m, r_suffix), (p_m, p_suffix))
-                        )
-                        va, vb = (
-                            (eval_values(x) if metric == "eval" else [r.final_return for r in x])
-                            for x in (a, b)
-                        )
-                        family.append(
-                            {
-                                "env": env,
-                                "lag": lag,
-                                "metric": metric,
-                                "a": r_label,
-                                "b": p_label,
-                                "test": welch(va, vb),
-                            }
-                        )
-                for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
-                    row.update(p_holm=p_adj, verdict=verdict(row["test"].diff, p_adj))
-                pairs += family
-        family = []
-        for label, m, suffix in arms:
-            stale = eval_values(lag_runs(runs, env, 8, m, suffix))
-            family.append(
-                {
-                    "env": env,
-                    "arm": label,
-                    "l0": mean_std(base[label]),
-                    "l8": mean_std(stale),
-                    "test": welch(stale, base[label]),
-                }
-            )
-        for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
-            row.update(p_holm=p_adj, verdict=verdict(row["test"].diff, p_adj))
-        change += family
-        family = []
-        for r_label, r_m, r_sfx in arms[2:]:
-            for p_label, p_m, p_sfx in arms[:2]:
-                test = ratio_difference_test(
-                    base[r_label],
-                    eval_values(lag_runs(runs, env, 8, r_m, r_sfx)),
-                    base[p_label],
-                    eval_values(lag_runs(runs, env, 8, p_m, p_sfx)),
-                )
-                family.append({"env": env, "a": r_label, "b": p_label, "test": test})
-        for row, p_adj in zip(family, holm([f["test"].p for f in family]), strict=True):
-            word = verdict(row["test"].diff, p_adj)
-            row.update(
-                p_holm=p_adj, verdict={"higher": "more robust", "lower": "less robust"}.get(word, word)
-            )
-        robust += family
+            summary += [_summary(runs, env, lag, label, m, suffix) for label, m, suffix in LAG_ARMS]
+            if lag != 0:
+                pairs += _pairs(runs, env, lag, "eval") + _pairs(runs, env, lag, "train")
+        change += _change(runs, env, base)
+        robust += _robustness(runs, env, base)
     return {"summary": summary, "pairs": pairs, "change": change, "robustness": robust}
 
 
 def policy_lag_md(runs) -> str:
     t = policy_lag_tables(runs)
-    f = lambda ms, d=0: fmt(ms.mean, ms.std, ms.n, d)  # noqa: E731
     lines = [
         POLICY_LAG["reading"],
         "",
@@ -164,7 +165,9 @@ def policy_lag_md(runs) -> str:
     keys += ["kl_coef", "epochs"]
     for r in t["summary"]:
         cells = " | ".join(fmt_p(r[k]) if k != "behaviour_kl" and k != "kl" else fmt_kl(r[k]) for k in keys)
-        head = f"| {r['env']} | {r['lag']} | {r['arm']} | {r['n']} | {f(r['eval'])} | {f(r['train'])} | "
+        head = (
+            f"| {r['env']} | {r['lag']} | {r['arm']} | {r['n']} | {fmt(*r['eval'])} | {fmt(*r['train'])} | "
+        )
         lines.append(head + cells + " |")
     lines += [
         "",
@@ -191,7 +194,7 @@ def policy_lag_md(runs) -> str:
     for r in t["change"]:
         change = r["l8"].mean / r["l0"].mean - 1 if r["l0"].n and r["l0"].mean else float("nan")
         lines.append(
-            f"| {r['env']} | {r['arm']} | {f(r['l0'])} | {f(r['l8'])} | {fmt_pct(change)} | "
+            f"| {r['env']} | {r['arm']} | {fmt(*r['l0'])} | {fmt(*r['l8'])} | {fmt_pct(change)} | "
             f"{fmt_tdp(r['test'])} | {fmt_p(r['p_holm'])} | {r['verdict']} |"
         )
     lines += [
