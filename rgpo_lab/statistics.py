@@ -222,6 +222,17 @@ def stratified_bootstrap_ci(
     return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
 
 
+def pooled_iqm(groups: Sequence[tuple[np.ndarray, ...]]) -> float:
+    """The IQM of every group's first array pooled: one arm's statistic for ``stratified_bootstrap_ci``."""
+    return iqm(np.concatenate([g[0] for g in groups]))
+
+
+def mean_probability_of_improvement(pairs) -> float:
+    """The mean over groups (environments) of each one's P(X > Y), from its (x, y): rliable's aggregate
+    probability of improvement."""
+    return float(np.mean([probability_of_improvement(x, y) for x, y in pairs]))
+
+
 class Profile(NamedTuple):
     taus: np.ndarray
     fraction: np.ndarray  # share of runs with a score > tau

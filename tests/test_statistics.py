@@ -13,14 +13,17 @@ from rgpo_lab.statistics import (
     change_difference_test,
     holm,
     iqm,
+    mean_probability_of_improvement,
     mean_std,
     optimality_gap,
     performance_profile,
+    pooled_iqm,
     probability_of_improvement,
     ratio_difference_test,
     smallest_detectable_difference,
     standardised_difference,
     stratified_bootstrap_ci,
+    stratified_resamples,
     verdict,
     welch,
 )
@@ -74,6 +77,25 @@ def test_stratified_bootstrap_never_mixes_groups():
     groups = [(np.array([0.0, 0.0]),), (np.array([10.0, 10.0, 10.0]),)]
     lo, hi = stratified_bootstrap_ci(groups, lambda gs: float(np.mean([g[0].mean() for g in gs])), n_boot=100)
     assert lo == hi == 5.0
+
+
+def test_stratified_resamples_draw_a_then_b_within_each_group_from_one_rng():
+    """Each resample: every group of a, then every group of b, resampled within itself by default_rng(seed)
+    in that order (the scheme aggregate_difference and standardised_difference share)."""
+    a, b = [np.array([1.0, 2.0]), np.array([10.0, 20.0, 30.0])], [np.array([-1.0, -2.0, -3.0])]
+    rng = np.random.default_rng(7)
+    for ra, rb in stratified_resamples(a, b, n_boot=5, seed=7):
+        expected = [g[rng.integers(0, len(g), len(g))] for g in (*a, *b)]
+        for got, want in zip((*ra, *rb), expected, strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert len(list(stratified_resamples(a, b, n_boot=3, seed=0))) == 3
+
+
+def test_pooled_iqm_and_mean_probability_of_improvement_by_hand():
+    groups = [(np.array([1.0, 2.0, 3.0, 4.0]),), (np.array([5.0, 6.0, 7.0, 100.0]),)]
+    assert pooled_iqm(groups) == pytest.approx(np.mean([3, 4, 5, 6]))
+    pairs = [(np.array([1.0, 3.0]), np.array([2.0, 2.0])), (np.array([5.0]), np.array([1.0]))]
+    assert mean_probability_of_improvement(pairs) == pytest.approx((0.5 + 1.0) / 2)
 
 
 def test_performance_profile_spans_every_run_and_its_band_contains_it():

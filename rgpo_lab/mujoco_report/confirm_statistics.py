@@ -13,6 +13,7 @@ from rgpo_lab.statistics import (
     aggregate_difference,
     holm,
     iqm,
+    mean_probability_of_improvement,
     mean_std,
     optimality_gap,
     probability_of_improvement,
@@ -78,12 +79,12 @@ def improvement(data, n_boot: int, a: str = "rgpo_dec", b: str = "ppo_dec", seed
         return out
     xs, ys = [returns(data, a, e) for e in envs], [returns(data, b, e) for e in envs]
     boots = [
-        np.mean([probability_of_improvement(x, y) for x, y in zip(rx, ry, strict=True)])
+        mean_probability_of_improvement(zip(rx, ry, strict=True))
         for rx, ry in stratified_resamples(xs, ys, n_boot, seed)
     ]
     low, high = np.percentile(boots, [2.5, 97.5])
     out.update(
-        mean=float(np.mean([probability_of_improvement(x, y) for x, y in zip(xs, ys, strict=True)])),
+        mean=mean_probability_of_improvement(zip(xs, ys, strict=True)),
         low=float(low),
         high=float(high),
     )

@@ -13,9 +13,9 @@ from rgpo_lab.mujoco_report.cells import fmt, fmt_kl, fmt_p, fmt_pct, fmt_tdp
 from rgpo_lab.mujoco_report.runs import eval_return, eval_values, mean_kl
 from rgpo_lab.statistics import (
     holm,
-    iqm,
+    mean_probability_of_improvement,
     mean_std,
-    probability_of_improvement,
+    pooled_iqm,
     stratified_bootstrap_ci,
     verdict,
     welch,
@@ -234,17 +234,17 @@ def study_aggregate(
         if not per_env:
             continue
         groups = [(v,) for v in per_env.values()]
-        stat = lambda gs: iqm(np.concatenate([g[0] for g in gs]))  # noqa: E731
         entry = {
-            "iqm": stat(groups),
-            "iqm_ci95": stratified_bootstrap_ci(groups, stat, n_boot),
+            "iqm": pooled_iqm(groups),
+            "iqm_ci95": stratified_bootstrap_ci(groups, pooled_iqm, n_boot),
             "n": sum(map(len, per_env.values())),
         }
         pairs = [(per_env[e], scores[ref_label][e]) for e in per_env if e in scores[ref_label]]
         if arm.label != ref_label and pairs:
-            pstat = lambda gs: float(np.mean([probability_of_improvement(x, y) for x, y in gs]))  # noqa: E731
-            entry["p_improvement"] = pstat(pairs)
-            entry["p_improvement_ci95"] = stratified_bootstrap_ci(pairs, pstat, n_boot)
+            entry["p_improvement"] = mean_probability_of_improvement(pairs)
+            entry["p_improvement_ci95"] = stratified_bootstrap_ci(
+                pairs, mean_probability_of_improvement, n_boot
+            )
         out[arm.label] = entry
     return out
 
