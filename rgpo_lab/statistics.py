@@ -108,6 +108,16 @@ def iqm(x) -> float:
     return float(stats.trim_mean(np.asarray(x, float), 0.25))
 
 
+def normalised_score(raw, low: float, high: float) -> np.ndarray:
+    """(raw - low) / (high - low): 0 at the low reference, 1 at the high one, so scores of different tasks
+    share a scale. Atari's human-normalised score takes low = a random agent's and high = a human tester's
+    score (results/atari/sanity/RULES.md); the MuJoCo studies take low = the better of the random-policy and
+    zero-action returns, high = the on-policy reference (rgpo_lab.mujoco_normalisation)."""
+    if not high > low:
+        raise ValueError(f"high must be > low, got low {low} and high {high}")
+    return (np.asarray(raw, float) - low) / (high - low)
+
+
 def optimality_gap(x, threshold: float = 1.0) -> float:
     """rliable's optimality gap: how far normalised scores fall short of ``threshold`` on average,
     mean(max(0, threshold - x)); scores above the threshold earn nothing extra."""

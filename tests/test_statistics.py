@@ -15,6 +15,7 @@ from rgpo_lab.statistics import (
     iqm,
     mean_probability_of_improvement,
     mean_std,
+    normalised_score,
     optimality_gap,
     performance_profile,
     pooled_iqm,
@@ -148,6 +149,18 @@ def test_change_difference_test_against_a_normal_approximation():
 def test_optimality_gap_by_hand():
     assert optimality_gap([0.2, 1.5, 0.9, -0.4]) == pytest.approx((0.8 + 0 + 0.1 + 1.4) / 4)
     assert optimality_gap([2.0, 3.0]) == 0.0
+
+
+def test_normalised_score_by_hand_with_the_atari_reference_scores():
+    # DQN Zoo's Atari-57 random / human scores (results/atari/sanity/RULES.md): Breakout 1.7 / 30.5, Pong
+    # -20.7 / 14.6; halfway is 1.7 + 28.8 / 2 = 16.1 and -20.7 + 35.3 / 2 = -3.05
+    assert normalised_score([1.7, 16.1, 30.5, 59.3], 1.7, 30.5) == pytest.approx([0.0, 0.5, 1.0, 2.0])
+    assert normalised_score([-21.0, -3.05, 21.0], -20.7, 14.6) == pytest.approx(
+        [-0.3 / 35.3, 0.5, 41.7 / 35.3]
+    )
+    assert float(normalised_score(-0.24, -0.24, 2056.67)) == 0.0
+    with pytest.raises(ValueError, match="high must be > low"):
+        normalised_score([1.0], 30.5, 1.7)
 
 
 def test_aggregate_difference_pools_environments_and_resamples_within_each():
