@@ -178,6 +178,11 @@ if __name__ == "__main__":
         )
     except ValueError as err:
         sys.exit(f"error: {err}")
+    if args.total_timesteps % args.batch_size:  # iterations are whole rollouts of num_envs * num_steps
+        print(
+            f"total_timesteps {args.total_timesteps} is not a multiple of {batch}: "
+            f"running {args.num_iterations} iterations = {args.num_iterations * args.batch_size} steps"
+        )
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(f"runs/{run_name}")
     writer.add_text(
