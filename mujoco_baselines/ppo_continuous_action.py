@@ -1,8 +1,8 @@
 """PPO (clipped surrogate) on a MuJoCo task, the baseline of the RGPO scripts: one file in CleanRL's
 structure, with RGPO's stale-sample flags and, optionally, its KL-to-old penalty (--kl-penalty)."""
 
-# docs: mujoco_baselines/README.md and docs/mujoco.md. The lab's runner of the same algorithm (checkpoints,
-# the grid) is rgpo_lab/mujoco_runner; tests/test_mujoco_script_vs_lab.py checks the two agree.
+# docs: mujoco_baselines/README.md and docs/mujoco.md. The lab's grid runs this file as it is
+# (rgpo_lab.mujoco_drive writes what it logs as the run's results; tests/test_mujoco_drive.py).
 import copy
 import functools
 import math
@@ -262,8 +262,8 @@ def minibatch_loss(
 # the same step is one pure function, torch.func's gradient of the mini-batch loss above, then the clip and
 # torch's Adam written out, that torch.compile turns into a few kernels updating the parameters and Adam's
 # state in place. The rollout's policy mean runs in numpy on views of the same weights. The same algorithm;
-# the floats round differently from the eager path. Equal bit for bit to the lab runner's --compile
-# (tests/test_mujoco_script_compile.py); speed: results/benchmarks/script_compile.md.
+# the floats round differently from the eager path. Equal bit for bit to the --compile of the lab's former
+# copy that made the committed --compile runs (checked up to 6944b5d); results/benchmarks/script_compile.md.
 # ------------------------------------------------------------------------------------------------------------
 def require_cpp_compiler():
     """stop at start-up, in one line, when torch.compile's CPU backend has no C++ compiler"""
@@ -562,7 +562,7 @@ if __name__ == "__main__":
         writer.add_scalar("charts/SPS", sps, global_step)
         print(f"iteration={iteration} global_step={global_step} approx_kl={approx_kl:.4f} SPS={sps}")
 
-    # deterministic evaluation, as the lab runner's: the policy mean on a new environment (seed + 10000),
+    # deterministic evaluation, as the committed runs': the policy mean on a new environment (seed + 10000),
     # observations normalised with the training statistics frozen at the end, undiscounted returns
     if args.eval_episodes > 0:
         with warnings.catch_warnings():  # the v4 ids' deprecation notice was shown by the training env
@@ -584,7 +584,8 @@ if __name__ == "__main__":
         eval_env.close()
         eval_mean = math.fsum(eval_returns) / len(eval_returns)
         eval_std = float(np.std(eval_returns, ddof=1)) if len(eval_returns) > 1 else math.nan
-        writer.add_scalar("eval/episodic_return", eval_mean, global_step)
+        for idx, episodic_return in enumerate(eval_returns):  # one per episode, as CleanRL's evals
+            writer.add_scalar("eval/episodic_return", episodic_return, idx)
         print(
             f"eval: {eval_mean:.1f} ± {eval_std:.1f} over {args.eval_episodes} episodes "
             f"(deterministic policy): {', '.join(f'{r:.1f}' for r in eval_returns)}"

@@ -5,8 +5,8 @@ The lab is not installed with the package (the wheel holds ``rgpo_trl`` and ``mu
 from the repository root of a checkout, ``cd <checkout> && python -m rgpo_lab.<module> ...``, or from
 elsewhere with ``PYTHONPATH=<checkout>``. Anywhere else Python answers ``No module named 'rgpo_lab'`` before
 any of the lab's code runs. The RLHF suites start the checkout's recipe by path (``recipes/hh_rlhf_qwen.py``;
-the MuJoCo grid runs the lab's own ``rgpo_lab.mujoco_runner``), so the package refuses to import, in one line
-naming the checkout root it expected, from a copy that lacks it."""
+the MuJoCo grid drives ``mujoco_baselines/<method>_continuous_action.py``), so the package refuses to
+import, in one line naming the checkout root it expected, from a copy that lacks it."""
 
 from __future__ import annotations
 

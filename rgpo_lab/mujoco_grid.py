@@ -1,22 +1,18 @@
-"""Run named suites of the MuJoCo baselines: N runs at a time, finished runs skipped, interrupted runs
-resumed.
+"""Run named suites of the MuJoCo baselines: N runs at a time, finished runs skipped, unfinished runs
+started again.
 
     python -m rgpo_lab.mujoco_grid main                   # the paper's 48 runs into results/mujoco/main/
     python -m rgpo_lab.mujoco_grid main ppo_kl --jobs 2   # several suites, 2 runs side by side
     python -m rgpo_lab.mujoco_grid --list                 # the suites and their runs
 
 Plays the role of CleanRL's ``cleanrl_utils/benchmark.py`` (whose wheel does not install on Python 3.11).
-Every run is a subprocess of the lab runner (``python -m rgpo_lab.mujoco_runner <method>``, the same algorithm
-as the product's scripts in mujoco_baselines/, with checkpoints, resume and --compile) with one torch thread,
-writing to
-``{results}/{suite}/{run}/``: config.json (resolved arguments, machine, package versions, git commit),
-metrics.csv (one row per iteration) and final.json (when finished). Checkpoints (every 10 iterations, deleted
-when the run ends) go outside the results, to ``{checkpoints}/{suite}/{run}/checkpoint.pt`` (default
-``$RGPO_TRL_CACHE/grid_checkpoints``, else ``~/.cache/rgpo_trl/grid_checkpoints``), so results stay lean and a
-fresh checkout of the repository on the same machine still finds them. A run with final.json is skipped; any
-other run is started with ``--resume`` and continues from its checkpoint, exactly (see the runner's
-checkpoint section), or from the start if there is none. Output of a
-run goes to its ``run.log``; a failed run is reported at the end (exit status 1) and retried next time.
+Every run is a subprocess that drives the product's script (``python -m rgpo_lab.mujoco_drive <run dir>
+<method> <flags>``: ``mujoco_baselines/<method>_continuous_action.py`` run in-process, what it logs written
+out) with one torch thread, writing to ``{results}/{suite}/{run}/``: config.json (resolved arguments,
+machine, package versions, git commit), metrics.csv (one row per iteration) and final.json (when finished,
+with the deterministic evaluation). A run with final.json is skipped; any other run starts again from its
+first step (no checkpoints: a run is minutes to an hour on one core, docs/mujoco.md). Output of a run goes
+to its ``run.log``; a failed run is reported at the end (exit status 1) and retried next time.
 """
 
 from __future__ import annotations
@@ -58,15 +54,14 @@ class GridRun:
     def name(self) -> str:
         return f"{self.env_id}__{self.method}__{self.variant}__s{self.seed}__{self.total_timesteps // 1000}k"
 
-    def command(self, output_dir: str, checkpoint_dir: str) -> list[str]:
-        """The run's command line, started in the repository root (the lab runner is a module of the lab;
-        until issue 48 it was ``python mujoco_baselines/<method>_continuous_action.py``, the same code and
-        flags). A run with final.json is finished whatever command made it (`run_suites`)."""
-        argv = [sys.executable, "-m", "rgpo_lab.mujoco_runner", self.method]
+    def command(self, run_dir: str) -> list[str]:
+        """The run's command line, started in the repository root: the script of ``method`` driven by
+        rgpo_lab.mujoco_drive (the committed runs up to 6944b5d were made by the lab's own copy of the
+        algorithms, with the same flags; their config.json names the commit). A run with final.json is
+        finished whatever command made it (`run_suites`)."""
+        argv = [sys.executable, "-m", "rgpo_lab.mujoco_drive", run_dir, self.method]
         argv += ["--env-id", self.env_id, "--seed", str(self.seed)]
-        argv += ["--total-timesteps", str(self.total_timesteps), "--output-dir", output_dir]
-        argv += ["--run-name", self.name, "--resume", "--checkpoint-dir", checkpoint_dir]
-        return argv + ["--no-tensorboard", "--no-verbose", *self.flags]
+        return argv + ["--total-timesteps", str(self.total_timesteps), *self.flags]
 
 
 def _grid(suite, methods, envs, seeds, steps=1_000_000, variants=(("default", ()),)):
@@ -245,14 +240,14 @@ SUITES: dict[str, list[GridRun]] = {
         steps=300_000,
         variants=(("eager", ()), ("compile", ("--compile",))),
     ),
-    # a few minutes: for trying the runner (and its tests)
+    # a few minutes: for trying the grid (and its tests)
     "smoke": _grid(
         "smoke",
         ["ppo", "rgpo"],
         ["Hopper-v4"],
         [0],
         steps=4096,
-        variants=(("default", ("--num-steps", "1024", "--checkpoint-every", "1")),),
+        variants=(("default", ("--num-steps", "1024", "--num-minibatches", "16")),),
     ),
 }
 
@@ -275,16 +270,10 @@ def progress_of(run_dir: str) -> int:
         return 0
 
 
-def default_checkpoints() -> str:
-    cache = os.environ.get("RGPO_TRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rgpo_trl")
-    return os.path.join(cache, "grid_checkpoints")
-
-
 def run_suites(
     runs: list[GridRun],
     results: str,
     jobs: int,
-    checkpoints: str | None = None,
     poll: float = 2.0,
     backend: str = "local",
     ray_address: str | None = None,
@@ -294,7 +283,6 @@ def run_suites(
     from tqdm import tqdm
 
     run_dir = {r: os.path.join(results, r.suite, r.name) for r in runs}
-    checkpoints = checkpoints or default_checkpoints()
     todo = [r for r in runs if not os.path.exists(os.path.join(run_dir[r], "final.json"))]
     print(
         f"{len(runs)} runs, {len(runs) - len(todo)} finished, {len(todo)} to run, {jobs} at a time "
@@ -303,7 +291,7 @@ def run_suites(
     )
 
     def start(r: GridRun) -> tuple[list[str], str]:
-        command = r.command(os.path.join(results, r.suite), os.path.join(checkpoints, r.suite, r.name))
+        command = r.command(run_dir[r])
         os.makedirs(run_dir[r], exist_ok=True)
         log_path = os.path.join(run_dir[r], "run.log")
         with open(log_path, "a") as log:
@@ -326,8 +314,8 @@ def run_suites(
     )
 
     def on_poll(ended: int, running: int, failed: int) -> None:
-        # a resumed run first drops the metrics rows logged after its last checkpoint: the bar waits for it
-        # to catch up instead of going backwards (negative rate and ETA)
+        # a restarted run first drops its earlier metrics rows: the bar waits for it to catch up instead of
+        # going backwards (negative rate and ETA)
         steps = sum(progress_of(d) for d in run_dir.values())
         bar.update(max(0, steps - bar.n))
         bar.set_postfix_str(
@@ -369,9 +357,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--results", default=os.path.join(ROOT, "results", "mujoco"), help="results root directory"
     )
-    p.add_argument(
-        "--checkpoints", default=None, help="checkpoint root (default: $RGPO_TRL_CACHE/grid_checkpoints)"
-    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs side by side (default: cores)")
     p.add_argument("--list", action="store_true", help="list the suites' runs and their state, run nothing")
     p.add_argument(
@@ -379,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="pass --compile to every run (the fast path; learning outcomes agree with the eager path "
         "within seed noise: results/benchmarks/mujoco_compile_equivalence.md); same run names, each "
-        "config.json records the mode, and a run may resume in either mode. Not with compile_equiv, whose "
+        "config.json records the mode. Not with compile_equiv, whose "
         "runs fix their mode",
     )
     p.add_argument(
@@ -416,9 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # SIGTERM (e.g. `kill`, a session ending) unwinds like Ctrl-C, so the runs in progress are stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    failed = run_suites(
-        runs, args.results, args.jobs, args.checkpoints, backend=args.backend, ray_address=args.ray_address
-    )
+    failed = run_suites(runs, args.results, args.jobs, backend=args.backend, ray_address=args.ray_address)
     for r, code in failed:
         print(f"failed: {r.suite}/{r.name} (exit {code})")
     return 1 if failed else 0

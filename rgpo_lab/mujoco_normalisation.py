@@ -99,7 +99,7 @@ class Normaliser:
 
 def measure(results: str, envs=ENVS, episodes: int = EPISODES) -> dict:
     """Every environment's baselines and reference, with what made them."""
-    from rgpo_lab.mujoco_runner.common import run_info
+    from rgpo_lab.mujoco_drive import run_info
 
     table = {}
     for env_id in envs:

@@ -1,45 +1,64 @@
-"""Test-only helpers for the MuJoCo tests: the lab runner's methods loaded as the modules they are, a short
-run's arguments and its metrics.csv."""
+"""Test-only helpers for the MuJoCo tests: a script of mujoco_baselines/ run in this process as
+``python <script> <flags>`` would run it, with every scalar it logs recorded; its module; metrics.csv read
+back."""
 
 from __future__ import annotations
 
 import csv
 import importlib
 import os
+import runpy
 import shutil
+import sys
+from collections import defaultdict
 
 import pytest
 
-TIME_KEYS = {"time", "iter_time", "rollout_time", "update_time", "SPS"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ("ppo", "rgpo", "trpo", "awr")
+# 3 iterations of 256 steps on Hopper-v4 and a 2-episode deterministic evaluation
+SHORT = ["--env-id", "Hopper-v4", "--total-timesteps", "768", "--num-steps", "256", "--eval-episodes", "2"]
 needs_compiler = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "g++")) is None,
     reason="torch.compile's CPU backend (--compile) needs a C++ compiler",
 )
 
 
-def load(method):
-    """The lab runner's ``<method>`` (``rgpo_lab.mujoco_runner.<method>_continuous_action``): every test of
-    the machinery (metrics.csv, resume, --compile, evaluation, the grid) loads the runner through this; the
-    product's single-file scripts (mujoco_baselines/) are tested by test_mujoco_scripts.py and
-    test_mujoco_script_vs_lab.py."""
-    return importlib.import_module(f"rgpo_lab.mujoco_runner.{method}_continuous_action")
+def script(method):
+    """The script ``mujoco_baselines/<method>_continuous_action.py`` as a module (nothing runs)."""
+    return importlib.import_module(f"mujoco_baselines.{method}_continuous_action")
 
 
-def small_args(module, tmp_path, run_name="run", **overrides):
-    """The script's ``Args`` for a short Hopper run (2 iterations of 256 steps) writing under ``tmp_path``."""
-    kw = dict(
-        env_id="Hopper-v4",
-        seed=1,
-        total_timesteps=512,
-        num_steps=256,
-        minibatch_size=64,
-        output_dir=str(tmp_path),
-        run_name=run_name,
-        tensorboard=False,
-        verbose=False,
-    )
-    kw.update(overrides)
-    return module.Args(**kw)
+class Recorder:
+    """Stands in for torch.utils.tensorboard.SummaryWriter: every scalar as (step, float), by tag."""
+
+    last = None
+
+    def __init__(self, *args, **kwargs):
+        self.scalars = defaultdict(list)
+        Recorder.last = self
+
+    def add_scalar(self, tag, value, step):
+        self.scalars[tag].append((step, float(value)))
+
+    def add_text(self, *args, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+def run_script(method, flags, workdir, monkeypatch):
+    """``python mujoco_baselines/<method>_continuous_action.py <flags>`` in ``workdir``: (the scalars it
+    logged, by tag; its globals at the end: ``agent``, ``args``, ...)."""
+    path = os.path.join(ROOT, "mujoco_baselines", f"{method}_continuous_action.py")
+    os.makedirs(workdir, exist_ok=True)
+    with monkeypatch.context() as m:
+        m.setattr("torch.utils.tensorboard.SummaryWriter", Recorder)
+        m.chdir(workdir)
+        m.setattr(sys, "argv", [path, *flags])
+        script_globals = runpy.run_path(path, run_name="__main__")
+    return Recorder.last.scalars, script_globals
 
 
 def read_rows(run_dir):

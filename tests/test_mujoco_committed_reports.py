@@ -1,7 +1,8 @@
 """The committed MuJoCo reports regenerate from the committed runs with today's code (slow: each reads every
-run of results/mujoco, ~20 s on an idle core). What the runs were made with is checked apart: the lab runner
-is the suite commit's code (test_mujoco_confirm_report's provenance test) and the scripts train as the runner
-does (test_mujoco_script_vs_lab.py)."""
+run of results/mujoco, ~20 s on an idle core). What the runs were made with is checked apart: the code at
+each run's recorded commit is the suite commit's (test_mujoco_confirm_report's provenance test); up to
+6944b5d, the last commit with the lab's own copy of the algorithms, the scripts were also checked to train
+as that copy did."""
 
 from __future__ import annotations
 

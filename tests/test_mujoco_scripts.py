@@ -1,12 +1,11 @@
 """The product's MuJoCo scripts (mujoco_baselines/<method>_continuous_action.py): single files in CleanRL's
-structure that import from the project only rgpo_trl's loss, gates and KL controller, with the runner's flags
-and defaults under the same names, and a run that writes CleanRL's TensorBoard metrics. That they train as the
-lab runner does is test_mujoco_script_vs_lab.py; their one-line errors are in test_cli_errors.py."""
+structure that import from the project only rgpo_trl's loss, gates and KL controller, and a run that writes
+CleanRL's TensorBoard metrics. Their pieces against references: test_mujoco_script_math.py; the lab's driver
+of them: test_mujoco_drive.py; their one-line errors: test_cli_errors.py."""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import glob
 import importlib
 import os
@@ -14,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-from _mujoco_utils import load
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("mujoco")
@@ -118,24 +116,6 @@ def test_the_update_is_visible(method):
         assert '"losses/clipfrac"' in src
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_flags_and_defaults_are_the_runners(method):
-    """Every flag of the runner's method (beyond the runner's shared base) is the script's, with its default;
-    every flag both have has one default. The script has CleanRL's num_minibatches (32 of 2048 steps) where
-    the runner has minibatch_size (64)."""
-    from rgpo_lab.mujoco_runner import common
-
-    script_fields = {f.name: f for f in dataclasses.fields(_script(method).Args)}
-    runner_fields = {f.name: f for f in dataclasses.fields(load(method).Args)}
-    base = {f.name for f in dataclasses.fields(common.BaseArgs)}
-    assert set(runner_fields) - base <= set(script_fields), set(runner_fields) - base - set(script_fields)
-    script_args, runner_args = _script(method).Args(), load(method).Args()
-    derived = {"batch_size", "minibatch_size", "num_iterations"}  # filled at start
-    for name in (set(script_fields) & set(runner_fields)) - derived:
-        assert getattr(script_args, name) == getattr(runner_args, name), name
-    assert script_args.num_steps // script_args.num_minibatches == runner_args.minibatch_size
-
-
 def test_readme_command_runs_and_writes_cleanrl_metrics(tmp_path):
     """The README's command, short: TensorBoard events under runs/{run_name} with CleanRL's names and RGPO's
     own, and --save-model's file."""
@@ -174,4 +154,4 @@ def test_scripts_run_as_files_and_as_modules(tmp_path):
             env=env,
         )
         assert out.returncode == 0 and "--awr-beta" in out.stdout, out.stderr[-2000:]
-        assert "--compile" in out.stdout and "--checkpoint-dir" not in out.stdout  # checkpoints: the lab
+        assert "--compile" in out.stdout and "--checkpoint-dir" not in out.stdout  # no resume

@@ -1,7 +1,5 @@
-"""What the benchmarks share: the repository root, a baseline version of the scripts, and a result
-written as JSON and Markdown (under results/benchmarks/) with the command, machine and load average that
-produced it. The scripts are imported as the modules they are
-(``importlib.import_module("rgpo_lab.mujoco_runner.<method>_continuous_action")``)."""
+"""What the benchmarks share: the repository root, and a result written as JSON and Markdown (under
+results/benchmarks/) with the command, machine and load average that produced it."""
 
 from __future__ import annotations
 
@@ -49,30 +47,3 @@ def write_outputs(out: str, info: dict, lines: list[str]) -> None:
     with open(out + ".md", "w") as f:
         f.write(text)
     print(text)
-
-
-def extract_baseline(ref: str, dest: str) -> tuple[str, str]:
-    """``mujoco_baselines/`` at git ``ref`` extracted into ``dest`` (``git archive``); returns (the ref's
-    commit, the current HEAD's commit), for A/B benchmarks against an earlier version of the lab runner.
-    Until issue 48 the runner was ``mujoco_baselines/`` (its scripts import ``mujoco_baselines.common``: put
-    ``dest`` first on ``PYTHONPATH``); a ref after the move has the single-file scripts there and is
-    refused."""
-    import subprocess
-
-    def rev(name: str, check: bool) -> str:
-        return subprocess.run(
-            ["git", "-C", ROOT, "rev-parse", name], capture_output=True, text=True, check=check
-        ).stdout.strip()
-
-    commit, head = rev(ref, True), rev("HEAD", False)
-    has_common = ["git", "-C", ROOT, "cat-file", "-e", f"{commit}:mujoco_baselines/common.py"]
-    if subprocess.run(has_common, capture_output=True).returncode != 0:
-        raise SystemExit(
-            f"--baseline-ref {ref}: mujoco_baselines/ there is not the runner (it moved to "
-            "rgpo_lab/mujoco_runner in issue 48); give a commit before the move"
-        )
-    archive = subprocess.run(
-        ["git", "-C", ROOT, "archive", commit, "mujoco_baselines"], capture_output=True, check=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-    return commit, head

@@ -37,6 +37,8 @@ PACKAGES = {"rgpo_trl": "rgpo_trl/__init__.py", "rgpo_trl.core": "rgpo_trl/core/
 # its one new file, the entry point ``python -m rgpo_lab.mujoco_runner <method>`` (it calls the method
 # module's main with its Args and SCRIPT_ERRORS, as each script's ``if __name__ == "__main__"`` line does), is
 # compared with its version of RUNNER_ENTRY's commit; any other new file leaves the commit not checked.
+# Every file is read at a run's recorded commit (git show), never from the working tree: RUNNER is in the
+# tree from issue 48 to 6944b5d (its last commit), deleted in issue 59 (the grid now drives the scripts).
 RUNNER = "rgpo_lab/mujoco_runner"
 RUNNER_ENTRY = ("__main__.py", "a3d1242")
 OLD_PACKAGE, RUNNER_PACKAGE = "mujoco_baselines", "rgpo_lab.mujoco_runner"

@@ -9,12 +9,12 @@ import os
 import numpy as np
 import pandas as pd
 
+from rgpo_lab.mujoco_drive import SPIKE_KL  # a KL spike: twice the KL target
 from rgpo_lab.mujoco_grid import MUJOCO_ENVS as ENVS
 from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
 from rgpo_lab.mujoco_report.paper_tables import long_horizon_runs
 from rgpo_lab.mujoco_report.policy_lag import LAG_ARMS, POLICY_LAG, lag_runs, policy_lag_scores
 from rgpo_lab.mujoco_report.studies import STUDIES, ill_conditioned_envs, normalised_scores
-from rgpo_lab.mujoco_runner import SPIKE_KL  # a KL spike: twice the target, the runner's --spike-kl default
 from rgpo_lab.statistics import mean_std, performance_profile
 
 

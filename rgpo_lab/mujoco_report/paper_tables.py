@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from rgpo_lab.mujoco_drive import SPIKE_KL  # a KL spike: twice the KL target
 from rgpo_lab.mujoco_grid import MUJOCO_ENVS as ENVS
 from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
 from rgpo_lab.mujoco_grid import SUITES
 from rgpo_lab.mujoco_report.cells import fmt, paper_fmt
 from rgpo_lab.mujoco_report.runs import finished
-from rgpo_lab.mujoco_runner import SPIKE_KL  # a KL spike: twice the target, the runner's --spike-kl default
 from rgpo_lab.statistics import iqm, mean_std, probability_of_improvement, stratified_bootstrap_ci, welch
 
 # The paper's numbers (tables main_results, kl_stats, ess_all, gate_cmp, k_sweep, longhorizon; Ablation F).
