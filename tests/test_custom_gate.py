@@ -1,5 +1,5 @@
 """A gate defined here, registered with `register_gate`, works wherever a built-in gate does: `make_gate`,
-`RGPOConfig` (validation from its declared parameters), `RGPOTrainer` and the MuJoCo lab runner's RGPO."""
+`RGPOConfig` (validation from its declared parameters), `RGPOTrainer` and the MuJoCo RGPO script."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from _mujoco_utils import load, small_args
+from _mujoco_utils import SHORT, run_script
 
 import rgpo_trl
 from rgpo_trl import GATES, Gate, GateParam, describe_gates, make_gate, register_gate, rgpo_loss
@@ -110,15 +110,19 @@ def test_rgpo_trainer_trains_with_a_registered_gate(tmp_path):
     assert (second["loss"] - sigmoid).abs() > 1e-4  # the gate in use is ours, not the default
 
 
-def test_mujoco_rgpo_script_trains_with_a_registered_gate(tmp_path):
+def test_mujoco_rgpo_script_trains_with_a_registered_gate(tmp_path, monkeypatch):
+    """The script run in this process (as the lab's driver runs it), the gate registered above."""
     pytest.importorskip("gymnasium")
     pytest.importorskip("mujoco")
-    module = load("rgpo")
+    flags = [*SHORT, "--total-timesteps", "512", "--num-minibatches", "4", "--eval-episodes", "0"]
     HalfTanhGate.calls = 0
-    final = module.main(small_args(module, tmp_path, "tanh", gate="half_tanh", gate_params={"a": 3.0}))
+    tanh, _ = run_script(
+        "rgpo", [*flags, "--gate", "half_tanh", "--gate-params", "a", "3"], tmp_path, monkeypatch
+    )
     assert HalfTanhGate.calls >= 2 * 4 * 10  # every mini-batch step of both iterations
-    reference = module.main(small_args(module, tmp_path, "sigmoid"))
-    assert math.isfinite(final["final_return"]) and final["final_return"] != reference["final_return"]
+    sigmoid, _ = run_script("rgpo", flags, tmp_path / "sigmoid", monkeypatch)
+    returns = [ret for _, ret in tanh["charts/episodic_return"]]
+    assert all(map(math.isfinite, returns)) and tanh["losses/policy_loss"] != sigmoid["losses/policy_loss"]
     assert rgpo_trl.make_gate("half_tanh").a == 2.0
 
 
