@@ -29,9 +29,10 @@ RECIPE_LAYERS = ("recipes.hh_common", "recipes.tiny_hh", "recipes.hh_rlhf", "rec
 LAB_LAYERS: tuple[tuple[str, ...], ...] = (
     # shared helpers: statistics, the results' per-step logs, the job queue, JSON values
     ("rgpo_lab.statistics", "rgpo_lab.results_data", "rgpo_lab.job_queue", "rgpo_lab.json_values"),
-    # what runs and decides the studies: the MuJoCo grid and runner, the RLHF suites and the studies' rules
+    # what runs and decides the studies: the MuJoCo grid and its driver of the scripts, the RLHF suites and
+    # the studies' rules
     (
-        "rgpo_lab.mujoco_runner",
+        "rgpo_lab.mujoco_drive",
         "rgpo_lab.mujoco_grid",
         "rgpo_lab.mujoco_normalisation",
         "rgpo_lab.rlhf_suite",
