@@ -13,7 +13,13 @@ from rgpo_lab.mujoco_grid import MUJOCO_METHODS as METHODS
 from rgpo_lab.mujoco_grid import SUITES
 from rgpo_lab.mujoco_report.cells import fmt, paper_fmt
 from rgpo_lab.mujoco_report.runs import finished
-from rgpo_lab.statistics import iqm, mean_std, probability_of_improvement, stratified_bootstrap_ci, welch
+from rgpo_lab.statistics import (
+    mean_probability_of_improvement,
+    mean_std,
+    pooled_iqm,
+    stratified_bootstrap_ci,
+    welch,
+)
 
 # The paper's numbers (tables main_results, kl_stats, ess_all, gate_cmp, k_sweep, longhorizon; Ablation F).
 PAPER_RETURNS = {  # env -> method -> (mean, std or None)
@@ -363,12 +369,16 @@ def aggregate(runs, n_boot=2000):
     for m in METHODS:
         groups = [(v[m],) for v in per_env.values() if m in v]
         if groups:
-            stat = lambda gs: iqm(np.concatenate([g[0] for g in gs]))  # noqa: E731
-            out["iqm"][m] = {"iqm": stat(groups), "ci95": stratified_bootstrap_ci(groups, stat, n_boot)}
+            out["iqm"][m] = {
+                "iqm": pooled_iqm(groups),
+                "ci95": stratified_bootstrap_ci(groups, pooled_iqm, n_boot),
+            }
     pairs = [(v["rgpo"], v["ppo"]) for v in per_env.values() if "rgpo" in v and "ppo" in v]
     if pairs:
-        stat = lambda gs: float(np.mean([probability_of_improvement(x, y) for x, y in gs]))  # noqa: E731
-        out["prob_improvement"] = {"value": stat(pairs), "ci95": stratified_bootstrap_ci(pairs, stat, n_boot)}
+        out["prob_improvement"] = {
+            "value": mean_probability_of_improvement(pairs),
+            "ci95": stratified_bootstrap_ci(pairs, mean_probability_of_improvement, n_boot),
+        }
     return out
 
 
