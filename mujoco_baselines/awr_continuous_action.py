@@ -447,6 +447,10 @@ if __name__ == "__main__":
                 pg_losses.append(pg_loss.item())
                 v_losses.append(v_loss.item())
         approx_kl = float(np.mean(approx_kls))
+        # the final policy's KL to pi_old over the whole batch, after the update (the lab's kl_final)
+        with torch.no_grad():
+            final_logratio = agent.log_prob(agent.actor_mean(obs), actions) - b_logprobs
+            final_kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(final_logratio)).mean().item()
 
         var_y = np.var(advantages + values)  # returns = advantages + values
         explained_var = np.nan if var_y == 0 else 1 - np.var(advantages) / var_y
@@ -459,6 +463,8 @@ if __name__ == "__main__":
         writer.add_scalar("losses/entropy", agent.entropy().item(), global_step)
         writer.add_scalar("losses/old_approx_kl", np.mean(old_approx_kls), global_step)
         writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+        writer.add_scalar("losses/max_approx_kl", max(approx_kls), global_step)  # the largest mini-batch's
+        writer.add_scalar("losses/final_approx_kl", final_kl, global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("awr/ess", np.mean(esss), global_step)
         writer.add_scalar("awr/weight_clipfrac", np.mean(clipfracs), global_step)

@@ -536,6 +536,10 @@ if __name__ == "__main__":
             if beta is not None and args.kl_backstop > 0 and np.mean(approx_kls) > args.kl_backstop:
                 break
 
+        # the final policy's KL to pi_old over the whole batch, after the update (the lab's kl_final)
+        with torch.no_grad():
+            final_logratio = agent.log_prob(agent.actor_mean(obs), actions) - b_oldlogprobs
+            final_kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(final_logratio)).mean().item()
         approx_kl = float(np.mean(approx_kls))
         if (
             kl_ctl is not None
@@ -553,6 +557,8 @@ if __name__ == "__main__":
         writer.add_scalar("losses/entropy", agent.entropy().item(), global_step)
         writer.add_scalar("losses/old_approx_kl", np.mean(old_approx_kls), global_step)
         writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+        writer.add_scalar("losses/max_approx_kl", max(approx_kls), global_step)  # the largest mini-batch's
+        writer.add_scalar("losses/final_approx_kl", final_kl, global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
         writer.add_scalar("ppo/ess", np.mean(esss), global_step)

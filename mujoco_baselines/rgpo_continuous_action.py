@@ -582,6 +582,10 @@ if __name__ == "__main__":
             if backstop:
                 break
 
+        # the final policy's KL to pi_old over the whole batch, after the update (the lab's kl_final)
+        with torch.no_grad():
+            final_logratio = agent.log_prob(agent.actor_mean(obs), actions) - b_oldlogprobs
+            final_kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(final_logratio)).mean().item()
         # the next iteration's beta, from this iteration's mean KL to pi_old (paper Eq. beta_update)
         approx_kl = float(np.mean(approx_kls))
         kl_ctl.update(approx_kl)
@@ -597,6 +601,8 @@ if __name__ == "__main__":
         writer.add_scalar("losses/entropy", agent.entropy().item(), global_step)
         writer.add_scalar("losses/old_approx_kl", np.mean(old_approx_kls), global_step)
         writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+        writer.add_scalar("losses/max_approx_kl", max(approx_kls), global_step)  # the largest mini-batch's
+        writer.add_scalar("losses/final_approx_kl", final_kl, global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("rgpo/kl_coef", beta, global_step)
         writer.add_scalar("rgpo/gate_mean", np.mean(gate_means), global_step)

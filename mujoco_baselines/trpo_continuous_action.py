@@ -550,6 +550,8 @@ if __name__ == "__main__":
                 for inds in stat_inds
             ]
             esss = [rgpo_trl.effective_sample_size(logratio[inds].exp()).item() for inds in stat_inds]
+            # the final policy's KL over the whole batch (kl_final; the value epochs leave the policy as is)
+            final_kl = rgpo_trl.kl_old_estimate(rgpo_trl.clamp_log_ratio(logratio)).mean().item()
         approx_kl = float(np.mean(approx_kls))
 
         # Optimizing the value network: update_epochs epochs of mini-batches
@@ -583,6 +585,8 @@ if __name__ == "__main__":
         writer.add_scalar("losses/entropy", agent.entropy().item(), global_step)
         writer.add_scalar("losses/old_approx_kl", (-logratio).mean().item(), global_step)
         writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+        writer.add_scalar("losses/max_approx_kl", max(approx_kls), global_step)  # the largest mini-batch's
+        writer.add_scalar("losses/final_approx_kl", final_kl, global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         writer.add_scalar("trpo/kl", trpo_kl, global_step)
         writer.add_scalar("trpo/step_frac", step_frac, global_step)

@@ -15,8 +15,9 @@ The script's TensorBoard writer is replaced by `ResultsWriter`, which receives e
 - metrics.csv: one row per iteration (the row closes at the script's last scalar of an iteration,
   ``charts/SPS``): iteration, global_step, time, the training episodes (episodic_return: the mean of those
   finished in the iteration; return_last100; episodes), then every scalar of the iteration under the last
-  part of its name (``losses/policy_loss`` -> policy_loss; ``losses/approx_kl`` -> kl and ``trpo/kl`` ->
-  trpo_kl, the names the reports read), and ``spike`` (kl > `SPIKE_KL`);
+  part of its name (``losses/policy_loss`` -> policy_loss; `COLUMNS`: ``losses/approx_kl`` -> kl,
+  ``losses/max_approx_kl`` -> kl_max, ``losses/final_approx_kl`` -> kl_final and ``trpo/kl`` -> trpo_kl,
+  the names the reports read), ``spike`` (kl > `SPIKE_KL`) and ``spike_final`` (kl_final > `SPIKE_KL`);
 - final.json: the training return (mean of the last 100 episodes), the deterministic evaluation's returns
   as the script logged them (``eval/episodic_return``, one per episode, CleanRL's way) with their mean and
   sample standard deviation, the git commit.
@@ -49,8 +50,14 @@ METHODS = ("ppo", "rgpo", "trpo", "awr")
 # metrics.csv's ``spike`` column and the reports' threshold.
 SPIKE_KL = 2 * PAPER_KL_DEFAULTS["kl_target"]
 EVAL_SEED_OFFSET = 10_000  # the scripts evaluate on seed + this
-# metrics.csv's name of a scalar where it is not the last part of the scalar's name
-COLUMNS = {"losses/approx_kl": "kl", "trpo/kl": "trpo_kl"}
+# metrics.csv's name of a scalar where it is not the last part of the scalar's name: the names the reports
+# read (those of the committed runs, made by the lab's former copy of the algorithms)
+COLUMNS = {
+    "losses/approx_kl": "kl",
+    "losses/max_approx_kl": "kl_max",
+    "losses/final_approx_kl": "kl_final",
+    "trpo/kl": "trpo_kl",
+}
 ROW_END = "charts/SPS"  # the last scalar every script logs per iteration
 
 
@@ -136,8 +143,9 @@ class ResultsWriter:
             "episodes": len(self.episodes),
             **self.row,
         }
-        if "kl" in self.row:
-            row["spike"] = int(self.row["kl"] > SPIKE_KL)
+        for kl, spike in (("kl", "spike"), ("kl_final", "spike_final")):
+            if kl in self.row:
+                row[spike] = int(self.row[kl] > SPIKE_KL)
         if self.csv_writer is None:
             self.csv_writer = csv.DictWriter(self.csv_file, fieldnames=list(row))
             self.csv_writer.writeheader()

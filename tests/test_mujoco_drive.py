@@ -5,6 +5,7 @@ command lines."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from _mujoco_utils import METHODS, ROOT, SHORT, read_rows, run_script, script
+from _mujoco_utils import METHODS, ROOT, SHORT, needs_compiler, read_rows, run_script, script
 
 from rgpo_lab import mujoco_drive as drive
 from rgpo_lab import mujoco_grid as grid
@@ -46,9 +47,11 @@ def assert_written_as_logged(run_dir, logged, final):
     assert set(rows[0]) == {"iteration", "global_step", "time", "episodic_return", "return_last100"} | {
         "episodes",
         "spike",
+        "spike_final",
         *map(drive.column, per_iteration),
     }
     assert [r["spike"] for r in rows] == [float(r["kl"] > 2 * 0.02) for r in rows]  # twice the paper's target
+    assert [r["spike_final"] for r in rows] == [float(r["kl_final"] > 2 * 0.02) for r in rows]
     episodes = logged["charts/episodic_return"]
     for before, row in zip([0, *steps], rows, strict=False):  # the episodes that ended in the iteration
         new = [ret for step, ret in episodes if before < step <= row["global_step"]]
@@ -88,6 +91,63 @@ def test_driven_run_writes_what_the_script_logs(method, flags, tmp_path, monkeyp
     head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
     assert config["git_commit"] == final["git_commits"][0] == (head.stdout.strip() or None)
     assert sorted(os.listdir(tmp_path / "run")) == ["config.json", "final.json", "metrics.csv"]
+
+
+# What the MuJoCo reports read from a run's metrics.csv (paper_tables, studies, figures; grad_var, read for
+# the main suite's table and figure, only the committed runs have: docs/mujoco.md)
+REPORT_COLUMNS = {
+    "global_step",
+    "episodic_return",
+    "return_last100",
+    "kl",
+    "kl_max",
+    "kl_final",
+    "ess",
+    "entropy",
+}
+
+
+def _final_kl_float64(g) -> float:
+    """The last iteration's KL of the final policy to pi_old over the whole rollout, mean(r - 1 - log r),
+    recomputed in float64 from the script's end state (the Gaussian's density written out here)."""
+    agent, obs, actions = copy.deepcopy(g["agent"]).double(), g["obs"].double(), g["actions"].double()
+    anchor = g["b_oldlogprobs"] if "b_oldlogprobs" in g else g["b_logprobs"]  # PPO/RGPO's, or the behaviour's
+    with torch.no_grad():
+        mean, log_std = agent.actor_mean(obs), agent.actor_logstd
+        z = (actions - mean) / log_std.exp()
+        logp = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    log_r = logp - anchor.double()
+    return float((log_r.exp() - 1 - log_r).mean())
+
+
+@pytest.mark.parametrize(
+    "method,flags",
+    [
+        pytest.param("rgpo", [], id="rgpo"),
+        pytest.param("rgpo", ["--compile"], id="rgpo-compile", marks=[pytest.mark.slow, needs_compiler]),
+        pytest.param("ppo", ["--policy-lag", "2", "--decoupled"], id="ppo-lag2", marks=pytest.mark.slow),
+        pytest.param("trpo", [], id="trpo", marks=pytest.mark.slow),
+        pytest.param("awr", [], id="awr", marks=pytest.mark.slow),
+    ],
+)
+def test_driven_run_has_the_columns_the_reports_read(method, flags, tmp_path):
+    """A new run is read by the reports as a committed one: every column they read, under the committed
+    runs' names (kl_max: the largest mini-batch KL; kl_final: the final policy's KL over the whole batch,
+    as the lab's former copy defined them), kl_final equal to its float64 recomputation from the script's
+    end state, and the run loaded by the reports' reader with its final return."""
+    from rgpo_lab.mujoco_report.runs import load_runs
+
+    run_dir = tmp_path / "results" / "new_suite" / f"Hopper-v4__{method}__default__s1__0k"
+    final, g = drive.drive(str(run_dir), method, [*SMALL, *flags])
+    rows = read_rows(run_dir)
+    assert REPORT_COLUMNS | {"spike", "spike_final"} <= set(rows[0])
+    assert rows[-1]["kl_final"] == pytest.approx(_final_kl_float64(g), rel=1e-4, abs=1e-9)
+    assert rows[-2]["kl_final"] != pytest.approx(_final_kl_float64(g), rel=1e-4)  # the check can fail
+    assert rows[-1]["kl_max"] == max(g["approx_kls"])  # the last iteration's per-mini-batch KLs
+    assert all(r["kl_max"] >= r["kl"] > 0 and r["kl_final"] > 0 for r in rows)
+    (run,) = load_runs(str(tmp_path / "results"))
+    assert REPORT_COLUMNS <= set(run.metrics.columns) and run.final_return == final["final_return"]
+    assert math.isfinite(run.final_return) and run.env == "Hopper-v4"
 
 
 def test_the_comparison_fails_on_another_seed(tmp_path, monkeypatch):
