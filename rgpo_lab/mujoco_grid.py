@@ -96,6 +96,16 @@ CONFIRM_ARMS = (
     ),
 )
 CONFIRM_ENVS = ["Walker2d-v4", "Ant-v4", "Hopper-v4"]
+# The classifier study's runs, as its reading rule (results/mujoco/classifier/RULES.md) fixed them before any
+# run: PPO, RGPO and RGPO with the learned acceptance classifier, three of the main table's environments,
+# seeds 0-4, 244 rollouts of 2,048 steps (half the main table's budget), default hyper-parameters, eager.
+CLASSIFIER_ENVS = ["HalfCheetah-v4", "Walker2d-v4", "Hopper-v4"]
+CLASSIFIER_STEPS = 499_712
+# suites whose runs fix their code path: --compile is refused for them
+EAGER_SUITES = {
+    "compile_equiv": "its eager runs must stay eager",
+    "classifier": "the acceptance classifier has no compiled path",
+}
 
 
 def _confirm_suite() -> list[GridRun]:
@@ -230,6 +240,20 @@ SUITES: dict[str, list[GridRun]] = {
     # methods apart; the reading rule is results/mujoco/policy_lag_confirm/RULES.md, committed before the
     # runs. Meant to run with --compile.
     "policy_lag_confirm": _confirm_suite(),
+    # Does the learned acceptance classifier improve RGPO (RULES.md above)? Eager, 45 runs; per seed and
+    # environment the three arms side by side.
+    "classifier": sorted(
+        _grid("classifier", ["ppo", "rgpo"], CLASSIFIER_ENVS, range(5), CLASSIFIER_STEPS)
+        + _grid(
+            "classifier",
+            ["rgpo"],
+            CLASSIFIER_ENVS,
+            range(5),
+            CLASSIFIER_STEPS,
+            variants=(("classifier", ("--acceptance-classifier",)),),
+        ),
+        key=lambda run: (run.seed, CLASSIFIER_ENVS.index(run.env_id)),
+    ),
     # --compile changes float rounding: 3 seeds x 300k steps per script, eager vs compiled (read by
     # rgpo_lab/benchmarks/compile_equivalence.py)
     "compile_equiv": _grid(
@@ -365,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         help="pass --compile to every run (the fast path; learning outcomes agree with the eager path "
         "within seed noise: results/benchmarks/mujoco_compile_equivalence.md); same run names, each "
         "config.json records the mode. Not with compile_equiv, whose "
-        "runs fix their mode",
+        "runs fix their mode, nor with classifier (eager only)",
     )
     p.add_argument(
         "--backend",
@@ -390,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     suites = args.suites or list(SUITES)
     runs = [r for s in suites for r in SUITES[s]]
     if args.compile:
-        if "compile_equiv" in suites:
-            p.error("--compile cannot be combined with compile_equiv (its eager runs must stay eager)")
+        eager = [s for s in suites if s in EAGER_SUITES]
+        if eager:
+            why = "; ".join(f"{s} ({EAGER_SUITES[s]})" for s in eager)
+            p.error(f"--compile cannot be combined with {why}")
         runs = [replace(r, flags=(*r.flags, "--compile")) for r in runs]
     if args.list:
         for r in runs:

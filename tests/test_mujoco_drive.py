@@ -220,7 +220,7 @@ def test_grid_compile_flag_adds_compile_to_every_run_but_not_to_compile_equiv(ca
     for argv in (["compile_equiv", "--compile"], ["--list", "--compile"]):  # named, or every suite listed
         with pytest.raises(SystemExit):
             grid.main(argv)
-        assert "cannot be combined with compile_equiv" in capsys.readouterr().err
+        assert "compile_equiv (its eager runs must stay eager)" in capsys.readouterr().err
 
 
 def _tiny_runs():
