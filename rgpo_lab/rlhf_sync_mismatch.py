@@ -186,15 +186,18 @@ def heldout(results: str, suite: str, name: str) -> dict | None:
 def precheck_decision(gold: dict[str, dict[str, list[float]]], sft: list[float]) -> dict:
     """The pre-check's rule on finished runs. ``gold``: cell -> arm -> test gold per seed (every cell of
     stage A; stage B's arms where run); ``sft``: the SFT policy's test gold per seed."""
-    from rgpo_lab.statistics import holm, welch
+    from rgpo_lab.statistics import holm, smallest_detectable_difference, welch
 
     hurt_cells = [c for c in gold if not c.startswith("fp32")]
-    a = {}
+    a, sdd = {}, {}
     for c in hurt_cells:
         control = gold[cell_name("fp32", int(c.split("__k")[1]))]["uncorrected"]
         a[c] = welch(gold[c]["uncorrected"], control)
+        # at the first Holm step's level: no drop smaller than this was likely to be called hurt
+        sdd[c] = smallest_detectable_difference(gold[c]["uncorrected"], control, alpha=0.05 / len(hurt_cells))
     for c, p in zip(a, holm([w.p for w in a.values()]), strict=True):
-        a[c] = {"diff": a[c].diff, "p": a[c].p, "p_holm": p, "hurt": bool(p <= 0.05 and a[c].diff < 0)}
+        hurt = bool(p <= 0.05 and a[c].diff < 0)
+        a[c] = {"diff": a[c].diff, "p": a[c].p, "p_holm": p, "hurt": hurt, "smallest_detectable": sdd[c]}
     hurt = [c for c in a if a[c]["hurt"]]
     b = {}
     for c in hurt:
@@ -257,8 +260,12 @@ def precheck_md(r: dict) -> str:
         f"Command: `{r['command']}`; rule: RULES.md. SFT policy's test gold {np.mean(r['sft']):.3f} "
         f"(n = {len(r['sft'])}).",
         "",
-        "| cell | uncorrected - fp32 | p (Holm) | hurt (a) | best arm | best - SFT | p (Holm) | learns (b) |",
-        "|---|---|---|---|---|---|---|---|",
+        "Smallest detectable: the difference a two-sided Welch test at the first Holm step's level",
+        "(0.05 / 8) detects with power 0.8 at the cell's own spread (`smallest_detectable_difference`).",
+        "",
+        "| cell | uncorrected - fp32 | smallest detectable | p (Holm) | hurt (a) | best arm | best - SFT "
+        "| p (Holm) | learns (b) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c, a in r["a"].items():
         b = r["b"].get(c)
@@ -268,7 +275,8 @@ def precheck_md(r: dict) -> str:
             else "- | | |"
         )
         lines.append(
-            f"| {c} | {a['diff']:+.3f} | {a['p_holm']:.3f} | {'yes' if a['hurt'] else 'no'} | {tail} |"
+            f"| {c} | {a['diff']:+.3f} | {a['smallest_detectable']:.3f} | {a['p_holm']:.3f} | "
+            f"{'yes' if a['hurt'] else 'no'} | {tail} |"
         )
     verdict = (
         "In progress: stage B has not finished in every hurt cell."
