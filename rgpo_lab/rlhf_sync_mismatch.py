@@ -260,6 +260,13 @@ def precheck_md(r: dict) -> str:
         f"Command: `{r['command']}`; rule: RULES.md. SFT policy's test gold {np.mean(r['sft']):.3f} "
         f"(n = {len(r['sft'])}).",
         "",
+    ]
+    return "\n".join([*lines, *precheck_table(r)]) + "\n"
+
+
+def precheck_table(r: dict) -> list[str]:
+    """precheck.md's table of (a) and (b) per cell and its verdict (the study's report quotes it)."""
+    lines = [
         "Smallest detectable: the difference a two-sided Welch test at the first Holm step's level",
         "(0.05 / 8) detects with power 0.8 at the cell's own spread (`smallest_detectable_difference`).",
         "",
@@ -285,7 +292,7 @@ def precheck_md(r: dict) -> str:
         if r["ranking_cells"]
         else "No cell meets (a) and (b): the study cannot rank corrections."
     )
-    return "\n".join([*lines, "", verdict]) + "\n"
+    return [*lines, "", verdict]
 
 
 def tuning_cells(precheck_result: dict) -> list[str]:

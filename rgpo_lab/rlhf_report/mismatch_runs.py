@@ -45,8 +45,16 @@ def _number(v):
     return x if math.isfinite(x) else None
 
 
-def read_run(d: str) -> dict | None:
-    """heldout.json (test gold, KL_ref) and the window means of metrics.csv; None while unfinished."""
+def read_run(
+    d: str,
+    window_keys: dict[str, str] = WINDOW_KEYS,
+    curve_keys: dict[str, str] = CURVE_KEYS,
+    span: tuple[int, int] = (mm.WINDOW_START, mm.STEPS),
+    clock: str = "iteration",
+) -> dict | None:
+    """heldout.json (test gold, KL_ref) and the window means of metrics.csv (rows with span[0] < ``clock``
+    <= span[1]), the curves as (``clock``, value); None while unfinished. The defaults are this study's;
+    the synchronous study passes its own keys and counts optimizer steps."""
     path = os.path.join(d, "heldout.json")
     if not os.path.exists(path):
         return None
@@ -58,11 +66,11 @@ def read_run(d: str) -> dict | None:
         with metrics as f:
             rows = list(csv.DictReader(f))
     window = {}
-    for name, key in WINDOW_KEYS.items():
+    for name, key in window_keys.items():
         x = [
             v
             for r in rows
-            if (it := _number(r.get("iteration"))) is not None and mm.WINDOW_START < it <= mm.STEPS
+            if (it := _number(r.get(clock))) is not None and span[0] < it <= span[1]
             if (v := _number(r.get(key))) is not None
         ]
         window[name] = float(np.mean(x)) if x else None
@@ -70,10 +78,10 @@ def read_run(d: str) -> dict | None:
         name: [
             (it, v)
             for r in rows
-            if (it := _number(r.get("iteration"))) is not None
+            if (it := _number(r.get(clock))) is not None
             if (v := _number(r.get(key))) is not None
         ]
-        for name, key in CURVE_KEYS.items()
+        for name, key in curve_keys.items()
     }
     return {
         "gold": _number(heldout.get("gold")),
@@ -103,7 +111,7 @@ def resumed_from(d: str) -> list[str]:
     return out
 
 
-def _failed(d: str) -> bool:
+def failed_run(d: str) -> bool:
     """A run folder without heldout.json whose run.log ends in a Python error: it stopped, it is not running
     or waiting to resume."""
     log = os.path.join(d, "run.log")
@@ -128,7 +136,7 @@ def load(results: str = RESULTS) -> tuple[dict, list[str], list[str]]:
             run = read_run(d)
             if run is None:
                 missing.append(f"{suite}/{r.name}")
-                if _failed(d):
+                if failed_run(d):
                     failed.append(f"{suite}/{r.name}")
                 continue
             data.setdefault(cell, {}).setdefault(arm, []).append({"seed": r.seed, **run})

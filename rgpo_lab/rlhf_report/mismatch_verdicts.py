@@ -64,11 +64,12 @@ def cell_tests(data, cell: str) -> dict:
     }
 
 
-def against(data, cell: str, reference: str) -> dict:
+def against(data, cell: str, reference: str, arms: tuple[str, ...] | None = None) -> dict:
     """Every other arm against ``reference`` on test gold (Welch, Holm over these comparisons in the cell)
     with the matched-KL condition (Welch on KL_ref, Holm likewise): the issue's "every arm against the best
-    peer" (INTERPRETATION.md, 6), a family of its own beside the vs-rgpo one."""
-    arms = [a for a in mm.ARMS if a != reference]
+    peer" (INTERPRETATION.md, 6), a family of its own beside the vs-rgpo one. ``arms``: the study's arms
+    (this study's by default)."""
+    arms = [a for a in (arms or mm.ARMS) if a != reference]
     ref_gold, ref_kl = values(data, cell, reference), values(data, cell, reference, "kl_ref")
     gold = {a: welch(values(data, cell, a), ref_gold) for a in arms}
     kl = {a: welch(values(data, cell, a, "kl_ref"), ref_kl) for a in arms}
