@@ -134,6 +134,7 @@ def test_primary_family_pools_ranking_cells_and_words_follow_holm(tmp_path, monk
     assert "**sigma4__k1** (a ranking cell: the secondary family)" in md
     assert "**fp32__k4** (not a ranking cell: descriptive, it ranks no correction)" in md
     assert "By the rule the ranking cells are sigma4__k1, sigma1__k4" in md
+    assert "the SFT policy's test gold 1.100 (n = 3)" in md
     # dose-response: tis at k = 1 over doses 0, 0.15, 4 (its cells at k = 1), the means as written
     curve = v["dose_response"]["tis"]["k1"]
     assert [p["dose"] for p in curve] == [0.0, 0.15, 4.0]
@@ -143,7 +144,8 @@ def test_primary_family_pools_ranking_cells_and_words_follow_holm(tmp_path, monk
 
 def test_no_ranking_cell_says_cannot_rank_and_has_no_primary_family(tmp_path, monkeypatch):
     results, _ = _suite(tmp_path, monkeypatch, [], gold={("tis", "sigma0.15__k4"): 3.0})
-    md = sync_mismatch.build(results, str(tmp_path / "out"))
+    assert sync_mismatch.main(["--results", results, "--out", str(tmp_path / "out")]) == 0  # the command
+    md = (tmp_path / "out" / "report.md").read_text()
     v = json.loads((tmp_path / "out" / "verdicts.json").read_text())
     assert v["primary"] is None and len(v["arms"]) == 8
     assert "the study **cannot rank corrections**" in md and "**no primary family**" in md

@@ -28,3 +28,5 @@ every other method), on held-out gold, window gold and held-out KL_ref.
 # staleness study's section), figures, and build (report.md and the JSON files, the command line). The
 # mismatch study's own report: mismatch (`python -m rgpo_lab.rlhf_report.mismatch`, also reached by its old
 # path rgpo_lab.rlhf_mismatch_report), mismatch_runs, mismatch_verdicts, mismatch_markdown, mismatch_figures.
+# The synchronous mismatch study's: sync_mismatch (`python -m rgpo_lab.rlhf_report.sync_mismatch`),
+# sync_mismatch_runs, sync_mismatch_verdicts, sync_mismatch_markdown (reusing the asynchronous study's parts).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rgpo_lab import rlhf_sync_mismatch as smm
 from rgpo_lab.rlhf_report.mismatch_markdown import _f, _p
 from rgpo_lab.rlhf_report.sync_mismatch_runs import GATE_ARMS
+from rgpo_lab.statistics import mean_std
 
 COMMAND = "python -m rgpo_lab.rlhf_report.sync_mismatch"
 
@@ -27,7 +28,16 @@ def header_lines(finished: int, total: int) -> list[str]:
 
 def precheck_lines(pre: dict) -> list[str]:
     """The pre-check's table (precheck.json) and what the rule concludes from it."""
-    lines = ["## Pre-check: which cells can rank corrections", "", *smm.precheck_table(pre), ""]
+    sft = mean_std(pre["sft"])
+    lines = [
+        "## Pre-check: which cells can rank corrections",
+        "",
+        f"From precheck.json (seeds {', '.join(map(str, smm.PRECHECK_SEEDS))}, never reused); the SFT "
+        f"policy's test gold {_f(sft.mean)} (n = {sft.n}).",
+        "",
+        *smm.precheck_table(pre),
+        "",
+    ]
     if pre["ranking_cells"]:
         cells = ", ".join(pre["ranking_cells"])
         lines.append(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from rgpo_lab import rlhf_sync_mismatch as smm
+from rgpo_lab.rlhf_report.mismatch_markdown import _p
 from rgpo_lab.rlhf_report.mismatch_runs import values, window_values
 from rgpo_lab.rlhf_report.mismatch_verdicts import against
 from rgpo_lab.rlhf_report.sync_mismatch_runs import GATE_ARMS, WINDOW_KEYS, k_of, pooled
@@ -39,7 +40,7 @@ def words(r: dict) -> str:
         return r["verdict"]
     sdd = "-" if not np.isfinite(r["smallest_detectable"]) else f"{r['smallest_detectable']:.3f}"
     return (
-        f"no significant difference (n = {r['n']} / {r['n_reference']}, Holm p = {r['p_holm']:.3f}, "
+        f"no significant difference (n = {r['n']} / {r['n_reference']}, Holm p = {_p(r['p_holm'])}, "
         f"smallest detectable {sdd})"
     )
 
