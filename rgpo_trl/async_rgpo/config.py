@@ -57,20 +57,23 @@ REFUSED_IF_SET = {
 @dataclass
 class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
     r"""
-    Configuration class for [`AsyncRGPOTrainer`]: every parameter of
+    Configuration class for `AsyncRGPOTrainer`: every parameter of
     `trl.experimental.async_grpo.AsyncGRPOConfig` (``max_staleness``, ``weight_sync_steps``, the vLLM server,
-    ``token_budget``, ...) plus RGPO's.
+    ``token_budget``, ...) plus RGPO's, below.
 
-    Parameters (new):
-        gate (`str`, defaults to `"sigmoid"`): acceptance gate g, any name registered with
+    Parameters:
+        gate (str): acceptance gate g, any name registered with
             `rgpo_trl.register_gate`.
-        gate_params (`dict` or JSON `str`, defaults to `{}`): the gate's parameters, e.g. `{"k": 5.0}`.
-        ratio_mode (`str`, defaults to `"old"`): `old` gates r = pi / pi_behaviour; `ref` and `dual` (max of
+        gate_params (dict or JSON str): the gate's parameters, e.g. `{"k": 5.0}`.
+        ratio_mode (str): `old` gates r = pi / pi_behaviour; `ref` and `dual` (max of
             the two) need the frozen reference model, loaded when `ratio_mode != "old"` or `beta > 0`.
-        kl_controller (`str`, defaults to `"adaptive"`), kl_coef (`float`, 0.5), kl_target (`float`, 0.02),
-            kl_coef_min (`float`, 0.01), kl_coef_max (`float`, 5.0): the KL-to-behaviour coefficient and its
-            rule, applied once per optimizer step.
-        beta (`float`, defaults to `0.0`): fixed KL-to-reference coefficient beta_ref (paper RLHF: 0.05).
+        kl_controller (str): rule for the KL-to-behaviour coefficient (`adaptive`,
+            `fixed`), applied once per optimizer step.
+        kl_coef (float): initial KL-to-behaviour coefficient, 0.5.
+        kl_target (float): target KL to the behaviour policy per optimizer step, 0.02.
+        kl_coef_min (float): lower bound of the KL-to-behaviour coefficient, 0.01.
+        kl_coef_max (float): upper bound of the KL-to-behaviour coefficient, 5.0.
+        beta (float): fixed KL-to-reference coefficient beta_ref (paper RLHF: 0.05).
     """
 
     _VALID_DICT_FIELDS = [

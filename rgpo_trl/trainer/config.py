@@ -122,7 +122,7 @@ class RGPOLossSettings:
 @dataclass
 class RGPOConfig(RGPOLossSettings, InProcessSamplerArguments, GRPOConfig):
     r"""
-    Configuration class for [`RGPOTrainer`] (Rejection-Gated Policy Optimization).
+    Configuration class for `RGPOTrainer` (Rejection-Gated Policy Optimization).
 
     Inherits every parameter of `trl.GRPOConfig`. The RGPO loss, per completion token, is
 
@@ -131,27 +131,28 @@ class RGPOConfig(RGPOLossSettings, InProcessSamplerArguments, GRPOConfig):
     with r = r_old = pi/pi_old (``ratio_mode="old"``), r_ref = pi/pi_ref (``"ref"``) or max(r_old, r_ref)
     (``"dual"``, the paper's RLHF default), summed over the completion tokens of the whole accumulated batch
     across processes and divided by their number (TRL's ``"dapo"`` normalisation; ``grpo``, ``bnpo`` and
-    ``dr_grpo`` aggregate as GRPOTrainer does).
+    ``dr_grpo`` aggregate as GRPOTrainer does). The parameters below are new or have a new default.
 
-    Parameters (new or with a new default):
-        gate (`str`, defaults to `"sigmoid"`): acceptance gate g, any name registered with
+    Parameters:
+        gate (str): acceptance gate g, any name registered with
             `rgpo_trl.register_gate` (built in: `sigmoid`, `clipped_linear`, `temperature`, and the reference
             correspondences `is` and `ppo_clip`).
-        gate_params (`dict` or JSON `str`, defaults to `{}`): the gate's parameters, e.g. `{"k": 5.0}`; each
+        gate_params (dict or JSON str): the gate's parameters, e.g. `{"k": 5.0}`; each
             gate declares its parameters, defaults and allowed ranges.
-        ratio_mode (`str`, defaults to `"dual"`): which ratio is gated: `old`, `ref` or `dual`.
-        kl_controller (`str`, defaults to `"adaptive"`): rule for the KL-to-old coefficient (`adaptive`,
+        ratio_mode (str): which ratio is gated: `old`, `ref` or `dual`.
+        kl_controller (str): rule for the KL-to-old coefficient (`adaptive`,
             `fixed`).
-        kl_coef (`float`, defaults to `0.5`): initial KL-to-old coefficient (beta_0 of the paper).
-        kl_target (`float`, defaults to `0.02`): target KL-to-old per iteration (Delta of the paper).
-        kl_coef_min (`float`, defaults to `0.01`), kl_coef_max (`float`, defaults to `5.0`): bounds.
-        beta (`float`, defaults to `0.05`): fixed KL-to-reference coefficient beta_ref.
-        num_iterations (`int`, defaults to `2`): optimisation passes over each generation batch.
-        loss_type (`str`, defaults to `"dapo"`): loss aggregation: `dapo`, `grpo`, `bnpo` or `dr_grpo`.
-        gate_on_sampler (`bool`, defaults to `False`): gate and KL on pi / pi_sampler (the coupled design).
-        use_in_process_sampler (`bool`, defaults to `False`) and `sampler_dtype`, `sampler_quantization`,
-            `sampler_logit_noise`, `sampler_top_p`: generate with a (mismatched) in-process sampler where TRL
-            keeps vLLM (`rgpo_trl.trainer.sync_sampler`).
+        kl_coef (float): initial KL-to-old coefficient, 0.5 (beta_0 of the paper).
+        kl_target (float): target KL-to-old per iteration, 0.02 (Delta of the paper).
+        kl_coef_min (float): lower bound of the KL-to-old coefficient, 0.01.
+        kl_coef_max (float): upper bound of the KL-to-old coefficient, 5.0.
+        beta (float): fixed KL-to-reference coefficient beta_ref.
+        num_iterations (int): optimisation passes over each generation batch.
+        loss_type (str): loss aggregation: `dapo`, `grpo`, `bnpo` or `dr_grpo`.
+        gate_on_sampler (bool): gate and KL on pi / pi_sampler (the coupled design).
+        use_in_process_sampler (bool): generate with a (mismatched) in-process sampler
+            where TRL keeps vLLM (`rgpo_trl.trainer.sync_sampler`), set by `sampler_dtype`,
+            `sampler_quantization`, `sampler_logit_noise` and `sampler_top_p`.
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["gate_params"]

@@ -59,7 +59,7 @@ _LOGGED = ("ppo/policy_loss", "ppo/value_loss", "ppo/clipfrac", "ppo/vf_clipfrac
 
 @dataclass
 class PPORLHFConfig(GRPOConfig):
-    r"""Configuration of [`PPORLHFTrainer`]: `trl.GRPOConfig` plus the value model and GAE settings.
+    r"""Configuration of `PPORLHFTrainer`: `trl.GRPOConfig` plus the value model and GAE settings.
 
     ``beta`` is the coefficient of the KL penalty folded into the per-token reward (paper: beta_ref = 0.05),
     not a loss term; ``epsilon`` is PPO's clip range; ``num_iterations`` (default 2) the PPO epochs over each
