@@ -74,6 +74,15 @@ class AsyncRGPOConfig(RGPOLossSettings, AsyncGRPOConfig):
         kl_coef_min (float): lower bound of the KL-to-behaviour coefficient, 0.01.
         kl_coef_max (float): upper bound of the KL-to-behaviour coefficient, 5.0.
         beta (float): fixed KL-to-reference coefficient beta_ref (paper RLHF: 0.05).
+        off_policy_correction (str): the per-token loss against the sampler's log-probs, from
+            `rgpo_trl.core.corrections` (`rgpo` uses the gate, ratio mode and KL controller above).
+        correction_params (dict or JSON str): the correction's parameters; missing ones take its default.
+        sampler_dtype (str): `InProcessRolloutWorker` only: the sampler's copy of the policy in this dtype.
+        sampler_quantization (str): `InProcessRolloutWorker` only: `int8` quantises the sampler's Linear
+            layers.
+        sampler_logit_noise (float): `InProcessRolloutWorker` only: sigma of Gaussian noise on its logits.
+        sampler_top_p (float): `InProcessRolloutWorker` only: nucleus truncation in the sampler, not the
+            trainer.
     """
 
     _VALID_DICT_FIELDS = [
