@@ -236,11 +236,12 @@ def test_readme_script_commands_parse():
     ]
     for readme in ("README.md", os.path.join("mujoco_baselines", "README.md"), *pages):
         with open(os.path.join(ROOT, readme)) as f:
-            for line in f:
-                line = line.strip().split(" # ")[0].split("  #")[0]
-                if line.startswith("python mujoco_baselines/") and "_continuous_action.py" in line:
-                    parts = shlex.split(line)
-                    commands.append((os.path.basename(parts[1]).split("_")[0], parts[2:]))
+            text = f.read().replace("\\\n", " ")  # a command continued with a backslash is one line
+        for line in text.splitlines():
+            line = line.strip().split(" # ")[0].split("  #")[0]
+            if line.startswith("python mujoco_baselines/") and "_continuous_action.py" in line:
+                parts = shlex.split(line)
+                commands.append((os.path.basename(parts[1]).split("_")[0], parts[2:]))
     assert len(commands) >= 10
     for method, argv in commands:
         tyro.cli(
