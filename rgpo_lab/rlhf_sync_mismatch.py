@@ -186,7 +186,7 @@ def heldout(results: str, suite: str, name: str) -> dict | None:
 def precheck_decision(gold: dict[str, dict[str, list[float]]], sft: list[float]) -> dict:
     """The pre-check's rule on finished runs. ``gold``: cell -> arm -> test gold per seed (every cell of
     stage A; stage B's arms where run); ``sft``: the SFT policy's test gold per seed."""
-    from rgpo_lab.statistics import holm, smallest_detectable_difference, welch
+    from rgpo_lab.statistics import holm, simulated_detectable_difference, welch
 
     hurt_cells = [c for c in gold if not c.startswith("fp32")]
     a, sdd = {}, {}
@@ -194,7 +194,7 @@ def precheck_decision(gold: dict[str, dict[str, list[float]]], sft: list[float])
         control = gold[cell_name("fp32", int(c.split("__k")[1]))]["uncorrected"]
         a[c] = welch(gold[c]["uncorrected"], control)
         # at the first Holm step's level: no drop smaller than this was likely to be called hurt
-        sdd[c] = smallest_detectable_difference(gold[c]["uncorrected"], control, alpha=0.05 / len(hurt_cells))
+        sdd[c] = simulated_detectable_difference(gold[c]["uncorrected"], control, 0.05 / len(hurt_cells))
     for c, p in zip(a, holm([w.p for w in a.values()]), strict=True):
         hurt = bool(p <= 0.05 and a[c].diff < 0)
         a[c] = {"diff": a[c].diff, "p": a[c].p, "p_holm": p, "hurt": hurt, "smallest_detectable": sdd[c]}
@@ -268,7 +268,8 @@ def precheck_table(r: dict) -> list[str]:
     """precheck.md's table of (a) and (b) per cell and its verdict (the study's report quotes it)."""
     lines = [
         "Smallest detectable: the difference a two-sided Welch test at the first Holm step's level",
-        "(0.05 / 8) detects with power 0.8 at the cell's own spread (`smallest_detectable_difference`).",
+        "(0.05 / 8) detects with power 0.8 at the cell's own spread, the test simulated",
+        "(`rgpo_lab.statistics.simulated_detectable_difference`).",
         "",
         "| cell | uncorrected - fp32 | smallest detectable | p (Holm) | hurt (a) | best arm | best - SFT "
         "| p (Holm) | learns (b) |",

@@ -123,8 +123,9 @@ def test_primary_family_pools_ranking_cells_and_words_follow_holm(tmp_path, monk
     )
     from rgpo_lab.statistics import smallest_detectable_difference
 
+    # the simulated Welch test's power point; with 10 seeds a side the noncentral-t form is within 5% of it
     sdd = smallest_detectable_difference(pooled("sequence_mask", 0), pooled("rgpo", 0), 0.05 / 5, 0.8)
-    assert tests["sequence_mask"]["smallest_detectable"] == pytest.approx(sdd)
+    assert tests["sequence_mask"]["smallest_detectable"] == pytest.approx(sdd, rel=0.05)
     # per cell: the secondary family in a ranking cell, descriptive elsewhere, on that cell's runs alone
     cell = v["cells"]["sigma4__k1"]
     assert cell["role"] == "secondary" and v["cells"]["fp32__k1"]["role"] == "descriptive"
@@ -151,8 +152,11 @@ def test_no_ranking_cell_says_cannot_rank_and_has_no_primary_family(tmp_path, mo
     assert "the study **cannot rank corrections**" in md and "**no primary family**" in md
     assert "None: the pre-check found no ranking cell" in md
     assert {c["role"] for c in v["cells"].values()} == {"descriptive"}
-    # a planted difference is still tested, and said, but in a cell that ranks nothing
-    assert v["cells"]["sigma0.15__k4"]["tests"]["tis"]["words"] == "rgpo lower than tis"
+    # a planted difference is still tested and its numbers given, but no "higher / lower" in a cell that
+    # ranks nothing
+    said = v["cells"]["sigma0.15__k4"]["tests"]["tis"]["words"]
+    assert said.startswith("difference +") and "descriptive, ranks no correction" in said
+    assert "lower" not in said and "higher" not in said
     assert "| 2.5e-5 |" in md and "| tis | 1.000 | 1.500 | 1.200 | 2.5e-5 |" in md
 
 

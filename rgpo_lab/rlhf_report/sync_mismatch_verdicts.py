@@ -11,25 +11,26 @@ from rgpo_lab.rlhf_report.mismatch_markdown import _p
 from rgpo_lab.rlhf_report.mismatch_runs import values, window_values
 from rgpo_lab.rlhf_report.mismatch_verdicts import against
 from rgpo_lab.rlhf_report.sync_mismatch_runs import GATE_ARMS, WINDOW_KEYS, k_of, pooled
-from rgpo_lab.statistics import mean_std, smallest_detectable_difference, welch
+from rgpo_lab.statistics import mean_std, simulated_detectable_difference, welch
 
 POWER = 0.8  # of the smallest detectable differences (the rule's)
 REFERENCE = smm.REFERENCE_ARM
 
 
-def family(data: dict, cell: str, arms: tuple[str, ...]) -> dict:
+def family(data: dict, cell: str, arms: tuple[str, ...], descriptive: bool = False) -> dict:
     """Every arm against rgpo in ``data[cell]``: `mismatch_verdicts.against` (gold difference, Welch, Holm
     over the arms, the matched-KL words) with the 95% CI of the difference, the smallest difference the test
-    detects (power 0.8, two-sided, at 0.05 / m: the first Holm step) and the words the report prints."""
+    detects (power 0.8, two-sided, at 0.05 / m: the first Holm step; the Welch test simulated) and the words
+    the report prints (``descriptive``: a cell outside the rule's families, whose words rank nothing)."""
     rows = against(data, cell, REFERENCE, arms)
     ref = values(data, cell, REFERENCE)
     for arm, r in rows.items():
         w = welch(values(data, cell, arm), ref)
         r["ci95"] = [w.low, w.high]
-        r["smallest_detectable"] = smallest_detectable_difference(
+        r["smallest_detectable"] = simulated_detectable_difference(
             values(data, cell, arm), ref, 0.05 / len(rows), POWER
         )
-        r["words"] = words(r)
+        r["words"] = described(r) if descriptive else words(r)
     return rows
 
 
@@ -45,6 +46,15 @@ def words(r: dict) -> str:
     )
 
 
+def described(r: dict) -> str:
+    """A descriptive cell's words: the difference and its Holm p, no "higher / lower" (the rule tests no
+    family there)."""
+    return (
+        f"difference {r['gold_diff']:+.3f} (n = {r['n']} / {r['n_reference']}, Holm p = {_p(r['p_holm'])} "
+        "within the cell; descriptive, ranks no correction)"
+    )
+
+
 def primary(data: dict, ranking: list[str], arms: tuple[str, ...]) -> dict | None:
     """The primary family: each arm against rgpo on the per-seed means over the ranking cells; None without
     a ranking cell (the rule: then there is no primary family)."""
@@ -57,7 +67,10 @@ def primary(data: dict, ranking: list[str], arms: tuple[str, ...]) -> dict | Non
 def per_cell(data: dict, cells: list[str], ranking: list[str], arms: tuple[str, ...]) -> dict:
     """The same tests in every suite cell: the secondary family in a ranking cell, descriptive elsewhere."""
     return {
-        cell: {"role": "secondary" if cell in ranking else "descriptive", "tests": family(data, cell, arms)}
+        cell: {
+            "role": "secondary" if cell in ranking else "descriptive",
+            "tests": family(data, cell, arms, descriptive=cell not in ranking),
+        }
         for cell in cells
     }
 
