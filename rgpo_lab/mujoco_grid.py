@@ -306,6 +306,7 @@ def run_suites(
     the failed ones with their exit status."""
     from tqdm import tqdm
 
+    results = os.path.abspath(results)  # the runs start in ROOT: a relative path names the caller's folder
     run_dir = {r: os.path.join(results, r.suite, r.name) for r in runs}
     todo = [r for r in runs if not os.path.exists(os.path.join(run_dir[r], "final.json"))]
     print(
