@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from _references import holm_by_hand
 from scipy import stats
 
 from rgpo_lab import rlhf_mismatch as mm
@@ -49,15 +50,6 @@ def _study(tmp_path, monkeypatch, gold, kl=None, skip=()):
     return str(results)
 
 
-def _holm_by_hand(ps: list[float]) -> list[float]:
-    """Holm's step-down adjustment written out (the reference the report's statistics.holm is checked by)."""
-    order, adjusted, running = np.argsort(ps), [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        adjusted[i] = running
-    return adjusted
-
-
 def test_tests_match_scipy_and_holm_and_matched_kl(tmp_path, monkeypatch):
     gold = {("ignore", "sigma1.0"): 1.0, ("tis", "sigma1.0"): 2.5, ("icepop", "sigma1.0"): 2.5}
     kl = {("icepop", "sigma1.0"): 0.5}  # icepop wins on gold but at a much higher KL_ref
@@ -76,7 +68,7 @@ def test_tests_match_scipy_and_holm_and_matched_kl(tmp_path, monkeypatch):
         ).pvalue
         for a in arms
     ]
-    assert [cell[a]["p_holm"] for a in arms] == pytest.approx(_holm_by_hand(ps))
+    assert [cell[a]["p_holm"] for a in arms] == pytest.approx(holm_by_hand(ps))
     assert cell["ignore"]["verdict"] == "rgpo higher than ignore"
     assert cell["tis"]["verdict"] == "rgpo lower than tis"
     assert cell["icepop"]["verdict"] == "icepop higher gold at a higher KL_ref: undecided"
@@ -184,7 +176,7 @@ def test_every_arm_against_the_best_peer_is_holm_over_the_other_arms(tmp_path, m
     ps = [
         stats.ttest_ind(mismatch_runs.values(data, "sigma1.0", a), tis, equal_var=False).pvalue for a in arms
     ]
-    assert [rows[a]["p_holm"] for a in arms] == pytest.approx(_holm_by_hand(ps))
+    assert [rows[a]["p_holm"] for a in arms] == pytest.approx(holm_by_hand(ps))
     assert rows["rgpo"]["gold_diff"] == pytest.approx(
         np.mean(mismatch_runs.values(data, "sigma1.0", "rgpo")) - np.mean(tis)
     )

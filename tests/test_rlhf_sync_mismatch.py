@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from _references import holm_by_hand
 from scipy import stats
 
 from recipes.hh_rlhf.parsing import parse_recipe_args
@@ -196,15 +197,6 @@ def test_tuning_runs_and_suite_runs_are_the_plan(out):
     assert set(smm.PRECHECK_SEEDS).isdisjoint(smm.TUNE_SEEDS)
 
 
-def _holm_by_hand(p: list[float]) -> list[float]:
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    adjusted, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted
-
-
 def test_precheck_rule_matches_scipy_and_holm():
     control = [1.2, 1.3, 1.25]
     gold = {c: {"uncorrected": control} for c in ("fp32__k1", "fp32__k4")}
@@ -216,12 +208,12 @@ def test_precheck_rule_matches_scipy_and_holm():
     cells = ["sigma4__k1", "sigma4__k4", "sigma1__k1"]
     control_of = {"sigma4__k1": control, "sigma4__k4": control, "sigma1__k1": control}
     p = [stats.ttest_ind(gold[c]["uncorrected"], control_of[c], equal_var=False).pvalue for c in cells]
-    for c, ph in zip(cells, _holm_by_hand(p), strict=True):
+    for c, ph in zip(cells, holm_by_hand(p), strict=True):
         assert r["a"][c]["p_holm"] == pytest.approx(ph)
     assert [c for c in cells if r["a"][c]["hurt"]] == ["sigma4__k1", "sigma4__k4"]
     assert r["b"]["sigma4__k1"]["best"] == "rgpo" and r["b"]["sigma4__k4"]["best"] == "tis"
     pb = [stats.ttest_ind(gold[c][r["b"][c]["best"]], sft, equal_var=False).pvalue for c in cells[:2]]
-    for c, ph in zip(cells[:2], _holm_by_hand(pb), strict=True):
+    for c, ph in zip(cells[:2], holm_by_hand(pb), strict=True):
         assert r["b"][c]["p_holm"] == pytest.approx(ph)
     # k = 1's best arm is far above SFT; k = 4's best (tis, 1.02) is below it: that cell cannot rank
     assert r["ranking_cells"] == ["sigma4__k1"] and r["complete"]

@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from _references import holm_by_hand
 from scipy import stats
 
 from rgpo_lab import rlhf_suite
@@ -66,14 +67,6 @@ def _suite(tmp_path, monkeypatch, ranking, gold=None, kl=None, skip=()):
     return str(results), written
 
 
-def _holm_by_hand(ps: list[float]) -> list[float]:
-    order, adjusted, running = np.argsort(ps), [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        adjusted[i] = running
-    return adjusted
-
-
 def _welch_ci_by_hand(a, b) -> tuple[float, float]:
     a, b = np.asarray(a), np.asarray(b)
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
@@ -109,14 +102,14 @@ def test_primary_family_pools_ranking_cells_and_words_follow_holm(tmp_path, monk
     ps = [stats.ttest_ind(pooled(a, 0), pooled("rgpo", 0), equal_var=False).pvalue for a in others]
     kl_ps = [stats.ttest_ind(pooled(a, 1), pooled("rgpo", 1), equal_var=False).pvalue for a in others]
     assert [tests[a]["p"] for a in others] == pytest.approx(ps)
-    assert [tests[a]["p_holm"] for a in others] == pytest.approx(_holm_by_hand(ps))
-    assert [tests[a]["kl_p_holm"] for a in others] == pytest.approx(_holm_by_hand(kl_ps))
+    assert [tests[a]["p_holm"] for a in others] == pytest.approx(holm_by_hand(ps))
+    assert [tests[a]["kl_p_holm"] for a in others] == pytest.approx(holm_by_hand(kl_ps))
     assert tests["tis"]["gold_diff"] == pytest.approx(np.mean(pooled("tis", 0)) - np.mean(pooled("rgpo", 0)))
     assert tests["tis"]["ci95"] == pytest.approx(_welch_ci_by_hand(pooled("tis", 0), pooled("rgpo", 0)))
     assert tests["tis"]["words"] == "rgpo lower than tis"
     assert tests["uncorrected"]["words"] == "rgpo higher than uncorrected"
     assert tests["rgpo_gate"]["words"] == "rgpo_gate higher gold at a higher KL_ref: undecided"
-    null = dict(zip(others, _holm_by_hand(ps), strict=True))["sequence_mask"]
+    null = dict(zip(others, holm_by_hand(ps), strict=True))["sequence_mask"]
     assert null > 0.05 and tests["sequence_mask"]["words"] == (
         f"no significant difference (n = 10 / 10, Holm p = {null:.3f}, smallest detectable "
         f"{tests['sequence_mask']['smallest_detectable']:.3f})"
